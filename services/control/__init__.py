@@ -1,0 +1,1 @@
+"""Control: the `hutch` command line (submit, run, status, export, sandbox, services)."""

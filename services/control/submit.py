@@ -1,0 +1,121 @@
+"""Submitting a job: validate the URL file, record the tasks in the store, then publish.
+
+The file is read twice, line by line, so memory stays flat for a file of any length: the
+first pass refuses the whole file at its first invalid line (or, with `skip_invalid`,
+notes the lines it skips), the second records tasks in batches and publishes each batch
+with confirms in flight together. A task is recorded (state `new`) before it is published
+and marked `queued` once the broker confirmed it, so a submit that dies half-way is
+finished by submitting again: recorded-but-unpublished tasks are published then, tasks
+already queued or done are not touched, and no URL is ever stored twice (its id is derived
+from the job and the URL).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hutch.amqp import Broker
+from hutch.domains import InvalidURL, domain_of, routing_key
+from hutch.models import Spec, Task, task_id
+from hutch.store import AsyncStore
+
+BATCH = 500
+
+
+class UrlFileError(ValueError):
+    """A URL file that cannot be submitted as it is."""
+
+
+@dataclass
+class Checked:
+    valid: int = 0
+    skipped: list[tuple[int, str, str]] = field(default_factory=list)  # (line, text, why)
+
+
+@dataclass
+class Submitted:
+    job: str
+    lines: int
+    published: int
+    already: int  # recorded by an earlier submit of the same job (queued or done)
+
+
+def _lines(path: Path) -> Iterator[tuple[int, str]]:
+    try:
+        with path.open(encoding="utf-8") as handle:
+            for number, line in enumerate(handle, 1):
+                text = line.strip()
+                if text and not text.startswith("#"):
+                    yield number, text
+    except OSError as exc:
+        raise UrlFileError(f"cannot read {path}: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise UrlFileError(f"{path} is not UTF-8 text: {exc.reason} at byte {exc.start}") from None
+
+
+def check_urls(path: Path, skip_invalid: bool = False) -> Checked:
+    checked = Checked()
+    for number, text in _lines(path):
+        try:
+            domain_of(text)
+        except InvalidURL as exc:
+            if not skip_invalid:
+                raise UrlFileError(f"{path} line {number}: {exc}") from None
+            checked.skipped.append((number, text, str(exc)))
+            continue
+        checked.valid += 1
+    if checked.valid == 0:
+        raise UrlFileError(f"{path} holds no valid URL")
+    return checked
+
+
+def valid_urls(path: Path) -> Iterator[str]:
+    for _, text in _lines(path):
+        try:
+            domain_of(text)
+        except InvalidURL:
+            continue
+        yield text
+
+
+async def submit(
+    broker: Broker,
+    store: AsyncStore,
+    job: str,
+    urls: Iterator[str],
+    spec: Spec | None,
+    progress: Callable[[int], None] | None = None,
+) -> Submitted:
+    """Record and publish every URL of `urls` as a task of `job`."""
+    spec_data = spec.model_dump() if spec else None
+    await store.run(lambda s: s.add_job(job, spec_data))
+    result = Submitted(job, 0, 0, 0)
+    batch: dict[str, Task] = {}
+
+    async def flush() -> None:
+        rows = [(t.id, t.job, t.url, t.domain) for t in batch.values()]
+        waiting = await store.run(lambda s: s.add_tasks(rows))
+        topology = broker.topology
+        await asyncio.gather(
+            *(broker.publish(topology.frontier, routing_key(batch[i].domain), batch[i]) for i in waiting)
+        )
+        await store.run(lambda s: s.mark_queued(waiting))
+        result.published += len(waiting)
+        result.already += len(batch) - len(waiting)
+        if progress is not None:
+            progress(len(batch))
+        batch.clear()
+
+    for url in urls:
+        result.lines += 1
+        tid = task_id(job, url)
+        if tid not in batch:
+            batch[tid] = Task(id=tid, job=job, url=url, domain=domain_of(url), spec=spec)
+        if len(batch) >= BATCH:
+            await flush()
+    if batch:
+        await flush()
+    return result

@@ -1,0 +1,1 @@
+"""The governor: releases tasks from per-domain frontier queues into `fetch.ready` with a permit."""

@@ -1,0 +1,70 @@
+"""Per-domain token buckets: how the governor paces releases, with no broker in sight.
+
+A bucket refills at `rate` tokens per second up to `burst`. It starts empty: a governor
+that has just taken a domain over cannot know what its predecessor released a moment ago,
+so it waits for a token rather than bursting.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+Clock = Callable[[], float]
+
+
+@dataclass
+class TokenBucket:
+    rate: float
+    burst: int = 1
+    clock: Clock = time.monotonic
+    tokens: float = 0.0
+    updated: float = field(default=-1.0)
+
+    def __post_init__(self) -> None:
+        if self.rate <= 0:
+            raise ValueError("rate must be positive")
+        if self.burst < 1:
+            raise ValueError("burst must be at least 1")
+        if self.updated < 0:
+            self.updated = self.clock()
+
+    def _refill(self, now: float) -> None:
+        if now > self.updated:
+            self.tokens = min(float(self.burst), self.tokens + (now - self.updated) * self.rate)
+            self.updated = now
+
+    def wait_time(self) -> float:
+        """Seconds until a token is available (0 when one is there now)."""
+        self._refill(self.clock())
+        if self.tokens >= 1.0:
+            return 0.0
+        return (1.0 - self.tokens) / self.rate
+
+    def take(self) -> bool:
+        """Take a token if one is available now."""
+        self._refill(self.clock())
+        if self.tokens >= 1.0:
+            self.tokens -= 1.0
+            return True
+        return False
+
+
+class Buckets:
+    """The bucket of every domain this governor has seen, all with the same limits."""
+
+    def __init__(self, rate: float, burst: int, clock: Clock = time.monotonic) -> None:
+        self.rate = rate
+        self.burst = burst
+        self.clock = clock
+        self._buckets: dict[str, TokenBucket] = {}
+
+    def __getitem__(self, domain: str) -> TokenBucket:
+        bucket = self._buckets.get(domain)
+        if bucket is None:
+            bucket = self._buckets[domain] = TokenBucket(self.rate, self.burst, self.clock)
+        return bucket
+
+    def __len__(self) -> int:
+        return len(self._buckets)

@@ -1,0 +1,1 @@
+"""The parser: extracts fields from fetched pages by the job's spec."""

@@ -1,0 +1,1 @@
+"""The proxy-manager: leases a proxy for each fetch attempt over RPC."""

@@ -1,0 +1,470 @@
+"""Hutch's one thin AMQP layer, on aio-pika: connect, declare, publish, consume, RPC.
+
+Three rules live here so no service has to remember them:
+
+- Publishing goes through `Broker.publish` only: publisher confirms, `mandatory`, a
+  timeout, a unique `message_id`, trace context in the headers; a nack, a return or a
+  timeout raises `PublishFailed`. A caller that gets no exception knows the broker has it.
+- Handlers never ack. `Broker.consume` wraps a handler: it decodes the body into its model
+  (undecodable -> dead letter with reason `decode`), runs the handler inside a consumer span,
+  and then acks when it returns, dead-letters on `Dead`, requeues on `Requeue` or on a failed
+  publish, and on an unexpected error requeues once and dead-letters the redelivery, so a
+  poison message never crash-loops a service. The handler publishes what it produced before
+  it returns, so a message is acked only after its successors are confirmed (at-least-once).
+- Connections are robust: after a broker restart aio-pika reopens channels and redeclares
+  every exchange, queue, binding and consumer declared through them, including the domain
+  queues the governor declares at run time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import aio_pika
+from aio_pika.abc import (
+    AbstractChannel,
+    AbstractExchange,
+    AbstractIncomingMessage,
+    AbstractQueue,
+    AbstractRobustConnection,
+)
+from aio_pika.exceptions import AMQPError, DeliveryError, PublishError
+from opentelemetry import trace
+
+from hutch import telemetry
+from hutch.models import DeadLetter, DecodeError, Model, Task, decode, encode
+from hutch.settings import Settings
+from hutch.topology import QueueSpec, Topology
+
+log = logging.getLogger(__name__)
+M = TypeVar("M", bound=Model)
+
+
+class PublishFailed(Exception):
+    """The broker did not take a message: nacked, returned as unroutable, or timed out."""
+
+
+class BrokerUnreachable(Exception):
+    """No broker answered at the configured URL."""
+
+
+class Dead(Exception):
+    """Raised by a handler: this message is finished for good; dead-letter it with `reason`."""
+
+    def __init__(self, reason: str, detail: str = "", task: Task | None = None) -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+        self.detail = detail
+        self.task = task
+
+
+class Requeue(Exception):
+    """Raised by a handler: put the message back on its queue untouched (nothing was spent)."""
+
+
+Handler = Callable[[M, AbstractIncomingMessage], Awaitable[None]]
+
+
+def topology_for(settings: Settings) -> Topology:
+    return Topology(settings.namespace, settings.queue_type, settings.retry_delays)
+
+
+async def declare_queue(channel: AbstractChannel, spec: QueueSpec) -> AbstractQueue:
+    queue = await channel.declare_queue(spec.name, durable=True, arguments=spec.arguments)
+    for exchange, key in spec.bindings:
+        await queue.bind(exchange, key)
+    return queue
+
+
+class Consumer:
+    """A running consumer: cancel it to stop taking messages; in-flight ones finish."""
+
+    def __init__(self, queue: AbstractQueue, tag: str, broker: Broker) -> None:
+        self.queue = queue
+        self.tag = tag
+        self._broker = broker
+        self.cancelled = False
+
+    async def cancel(self) -> None:
+        if self.cancelled:
+            return
+        self.cancelled = True
+        with contextlib.suppress(Exception):
+            await self.queue.cancel(self.tag)
+
+
+class Broker:
+    """One process's connection to RabbitMQ with Hutch's publish and consume rules."""
+
+    def __init__(self, settings: Settings, name: str) -> None:
+        self.settings = settings
+        self.name = name
+        self.topology = topology_for(settings)
+        self.connection: AbstractRobustConnection | None = None
+        self._publish_channel: AbstractChannel | None = None
+        self._exchanges: dict[str, AbstractExchange] = {}
+        self._consumers: list[Consumer] = []
+        self._in_flight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    async def connect(self, *, declare: bool = True, timeout: float = 10.0) -> Broker:
+        try:
+            self.connection = await aio_pika.connect_robust(
+                self.settings.amqp_url,
+                client_properties={"connection_name": f"hutch-{self.name}"},
+                timeout=timeout,
+            )
+        except (OSError, AMQPError, asyncio.TimeoutError) as exc:
+            raise BrokerUnreachable(
+                f"cannot reach RabbitMQ at {self.settings.safe_amqp_url}: "
+                f"{type(exc).__name__}: {exc}".rstrip(": ")
+            ) from None
+        self._publish_channel = await self.connection.channel(
+            publisher_confirms=True, on_return_raises=True
+        )
+        if declare:
+            await self.declare_topology()
+            # A broker that lost its definitions gets the whole topology again on reconnect.
+            self.connection.reconnect_callbacks.add(self._redeclare)
+        return self
+
+    async def _redeclare(self, *_: Any) -> None:
+        try:
+            await self.declare_topology()
+        except Exception as exc:
+            log.warning("redeclaring the topology after reconnect failed: %s", exc)
+
+    async def declare_topology(self) -> None:
+        """Declare every static exchange, queue and binding; safe to repeat."""
+        channel = await self.channel()
+        for exchange in self.topology.exchanges:
+            await channel.declare_exchange(
+                exchange.name, exchange.type, durable=True, arguments=exchange.arguments
+            )
+        for spec in self.topology.queues:
+            await declare_queue(channel, spec)
+        await channel.close()
+
+    async def channel(self, prefetch: int = 0) -> AbstractChannel:
+        assert self.connection is not None, "connect() first"
+        channel = await self.connection.channel()
+        if prefetch:
+            await channel.set_qos(prefetch_count=prefetch)
+        return channel
+
+    async def stop_consuming(self) -> None:
+        for consumer in self._consumers:
+            await consumer.cancel()
+
+    async def drain(self, grace: float) -> bool:
+        """Wait until no handler is running, up to `grace` seconds; True if drained."""
+        try:
+            await asyncio.wait_for(self._idle.wait(), grace)
+            return True
+        except asyncio.TimeoutError:
+            return False
+
+    async def close(self) -> None:
+        if self.connection is not None:
+            with contextlib.suppress(Exception):
+                await self.connection.close()
+            self.connection = None
+
+    # -- publishing ------------------------------------------------------------------
+
+    async def _exchange(self, name: str) -> AbstractExchange:
+        assert self._publish_channel is not None, "connect() first"
+        if name == "":
+            return self._publish_channel.default_exchange
+        exchange = self._exchanges.get(name)
+        if exchange is None:
+            exchange = await self._publish_channel.get_exchange(name, ensure=False)
+            self._exchanges[name] = exchange
+        return exchange
+
+    async def publish(
+        self,
+        exchange: str,
+        routing_key: str,
+        body: Model | bytes,
+        *,
+        headers: dict[str, Any] | None = None,
+        mandatory: bool = True,
+        reply_to: str | None = None,
+        correlation_id: str | None = None,
+        expiration: float | None = None,
+        persistent: bool = True,
+    ) -> None:
+        """Publish one message and wait for the broker's confirm; raise PublishFailed if not."""
+        payload = body if isinstance(body, bytes) else encode(body)
+        kind = "raw" if isinstance(body, bytes) else type(body).__name__
+        span_name = f"{exchange or '(default)'} publish"
+        with telemetry.tracer().start_as_current_span(
+            span_name,
+            kind=trace.SpanKind.PRODUCER,
+            attributes={
+                "messaging.system": "rabbitmq",
+                "messaging.operation": "publish",
+                "messaging.destination.name": exchange,
+                "messaging.rabbitmq.destination.routing_key": routing_key,
+                "hutch.message.type": kind,
+            },
+        ):
+            all_headers: dict[str, Any] = dict(headers or {})
+            telemetry.inject(all_headers)
+            message = aio_pika.Message(
+                payload,
+                content_type="application/json",
+                type=f"hutch.{kind}",
+                message_id=uuid.uuid4().hex,
+                timestamp=time.time(),
+                headers=all_headers,
+                delivery_mode=(
+                    aio_pika.DeliveryMode.PERSISTENT
+                    if persistent
+                    else aio_pika.DeliveryMode.NOT_PERSISTENT
+                ),
+                reply_to=reply_to,
+                correlation_id=correlation_id,
+                expiration=expiration,
+                app_id=f"hutch-{self.name}",
+            )
+            try:
+                target = await self._exchange(exchange)
+                await target.publish(
+                    message,
+                    routing_key,
+                    mandatory=mandatory,
+                    timeout=self.settings.publish_timeout,
+                )
+            except PublishError as exc:
+                raise PublishFailed(f"unroutable: {exchange} {routing_key!r}: {exc}") from None
+            except DeliveryError as exc:
+                raise PublishFailed(f"nacked by the broker: {exchange} {routing_key!r}: {exc}") from None
+            except asyncio.TimeoutError:
+                raise PublishFailed(f"no confirm within {self.settings.publish_timeout}s") from None
+            except (AMQPError, ConnectionError, RuntimeError) as exc:
+                raise PublishFailed(f"{type(exc).__name__}: {exc}") from None
+
+    async def publish_dead(
+        self,
+        stage: str,
+        reason: str,
+        detail: str = "",
+        *,
+        task: Task | None = None,
+        raw: bytes | None = None,
+        queue: str | None = None,
+    ) -> None:
+        letter = DeadLetter(
+            stage=stage,
+            reason=reason,
+            detail=detail[:2000],
+            task=task,
+            raw=raw.decode("utf-8", "replace")[:65536] if raw is not None else None,
+            queue=queue,
+        )
+        await self.publish(self.topology.dead, "", letter)
+
+    # -- consuming -------------------------------------------------------------------
+
+    async def consume(
+        self,
+        queue: str | QueueSpec,
+        model: type[M],
+        handler: Handler[M],
+        *,
+        stage: str,
+        prefetch: int = 1,
+        channel: AbstractChannel | None = None,
+        arguments: dict[str, Any] | None = None,
+    ) -> Consumer:
+        """Consume `queue`, decoding each body as `model` and acking by the handler's outcome.
+
+        The queue is (re)declared on the consumer's channel so that a robust reconnect
+        restores it, its bindings and this consumer.
+        """
+        spec = queue if isinstance(queue, QueueSpec) else self.topology.queue(queue)
+        channel = channel or await self.channel(prefetch)
+        declared = await declare_queue(channel, spec)
+        queue_name = spec.name
+
+        async def on_message(message: AbstractIncomingMessage) -> None:
+            self._in_flight += 1
+            self._idle.clear()
+            try:
+                await self._handle(message, queue_name, model, handler, stage)
+            finally:
+                self._in_flight -= 1
+                if self._in_flight == 0:
+                    self._idle.set()
+
+        tag = await declared.consume(on_message, arguments=arguments)
+        consumer = Consumer(declared, tag, self)
+        self._consumers.append(consumer)
+        return consumer
+
+    async def _handle(
+        self,
+        message: AbstractIncomingMessage,
+        queue: str,
+        model: type[M],
+        handler: Handler[M],
+        stage: str,
+    ) -> None:
+        context = telemetry.extract(message.headers)
+        with telemetry.tracer().start_as_current_span(
+            f"{queue} process",
+            context=context,
+            kind=trace.SpanKind.CONSUMER,
+            attributes={
+                "messaging.system": "rabbitmq",
+                "messaging.operation": "process",
+                "messaging.destination.name": queue,
+                "messaging.message.id": message.message_id or "",
+                "hutch.stage": stage,
+            },
+        ) as span:
+            try:
+                payload = decode(message.body, model)
+            except DecodeError as exc:
+                log.warning("undecodable message on %s: %s", queue, exc)
+                span.set_attribute("hutch.outcome", "decode")
+                await self._dead_then_ack(message, stage, "decode", str(exc), None, queue)
+                return
+            try:
+                await handler(payload, message)
+            except Dead as dead:
+                span.set_attribute("hutch.outcome", f"dead:{dead.reason}")
+                task = dead.task or (payload if isinstance(payload, Task) else getattr(payload, "task", None))
+                await self._dead_then_ack(message, stage, dead.reason, dead.detail, task, queue)
+            except Requeue:
+                await self._settle(message, requeue=True)
+            except (PublishFailed, AMQPError, ConnectionError) as exc:
+                log.warning("%s: could not pass work on (%s); requeued", queue, exc)
+                await self._settle(message, requeue=True)
+            except asyncio.CancelledError:
+                await self._settle(message, requeue=True)
+                raise
+            except Exception as exc:
+                span.record_exception(exc)
+                if message.redelivered:
+                    log.exception("%s: handler failed twice; dead-lettering", queue)
+                    task = payload if isinstance(payload, Task) else getattr(payload, "task", None)
+                    await self._dead_then_ack(
+                        message, stage, "error", f"{type(exc).__name__}: {exc}", task, queue
+                    )
+                else:
+                    log.exception("%s: handler failed; requeued once", queue)
+                    await self._settle(message, requeue=True)
+            else:
+                await self._settle(message)
+
+    async def _dead_then_ack(
+        self,
+        message: AbstractIncomingMessage,
+        stage: str,
+        reason: str,
+        detail: str,
+        task: Task | None,
+        queue: str,
+    ) -> None:
+        try:
+            await self.publish_dead(
+                stage, reason, detail, task=task, raw=None if task else message.body, queue=queue
+            )
+        except PublishFailed as exc:
+            log.warning("dead letter not confirmed (%s); message requeued", exc)
+            await self._settle(message, requeue=True)
+            return
+        await self._settle(message)
+
+    @staticmethod
+    async def _settle(message: AbstractIncomingMessage, requeue: bool | None = None) -> None:
+        """Ack, or nack with requeue; a closed channel means the broker redelivers anyway."""
+        try:
+            if requeue is None:
+                await message.ack()
+            else:
+                await message.nack(requeue=requeue)
+        except Exception as exc:  # channel gone: the broker will redeliver the message
+            log.debug("could not settle message: %s", exc)
+
+
+class RpcClient:
+    """Request/response over AMQP with JSON bodies, many calls in flight at once.
+
+    Replies come to an exclusive queue this client names itself (so a robust reconnect can
+    redeclare it under the same name) and are matched by correlation id.
+    """
+
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self._pending: dict[str, asyncio.Future[bytes]] = {}
+        self._reply_queue = f"{broker.topology.prefix}rpc.reply.{broker.name}.{uuid.uuid4().hex[:12]}"
+
+    async def start(self) -> RpcClient:
+        channel = await self.broker.channel()
+        queue = await channel.declare_queue(self._reply_queue, exclusive=True, auto_delete=True)
+        await queue.consume(self._on_reply, no_ack=True)
+        return self
+
+    async def _on_reply(self, message: AbstractIncomingMessage) -> None:
+        future = self._pending.pop(message.correlation_id or "", None)
+        if future is not None and not future.done():
+            future.set_result(message.body)
+
+    async def call(self, queue: str, request: Model, response: type[M], timeout: float) -> M:
+        """Send `request` to `queue` and wait up to `timeout` for the answer."""
+        correlation_id = uuid.uuid4().hex
+        future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+        self._pending[correlation_id] = future
+        try:
+            await self.broker.publish(
+                "",
+                queue,
+                request,
+                reply_to=self._reply_queue,
+                correlation_id=correlation_id,
+                expiration=timeout,
+                persistent=False,
+            )
+            body = await asyncio.wait_for(future, timeout)
+        finally:
+            self._pending.pop(correlation_id, None)
+        return decode(body, response)
+
+
+async def serve_rpc(
+    broker: Broker,
+    queue: str,
+    request_model: type[M],
+    answer: Callable[[M], Awaitable[Model]],
+    *,
+    prefetch: int = 64,
+) -> Consumer:
+    """Answer requests on `queue` with `answer(request)`, replying to each `reply_to`."""
+
+    async def handler(request: M, message: AbstractIncomingMessage) -> None:
+        result = await answer(request)
+        if message.reply_to:
+            # Not mandatory: a caller that timed out and left has nothing to return to.
+            await broker.publish(
+                "",
+                message.reply_to,
+                result,
+                mandatory=False,
+                correlation_id=message.correlation_id,
+                persistent=False,
+            )
+
+    return await broker.consume(queue, request_model, handler, stage="rpc", prefetch=prefetch)

@@ -1,0 +1,183 @@
+"""The messages Hutch services exchange, as versioned pydantic models encoded as JSON.
+
+Every message carries `v`, its schema version; a body that is not JSON, does not match its
+model or names an unknown version fails `decode` with `DecodeError`, which the consumer
+wrapper turns into a dead letter with reason `decode` (never a crash loop). JSON and not
+pickle: messages cross process and language boundaries and are read back from the DLQ.
+The attempt count lives here, in the task, and not in RabbitMQ's `x-death` header, whose
+semantics changed across broker versions.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from typing import Any, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+SCHEMA_VERSION = 1
+
+
+class Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class DecodeError(ValueError):
+    """A message body that is not a valid message of the expected kind and version."""
+
+
+M = TypeVar("M", bound=Model)
+
+
+def encode(message: Model) -> bytes:
+    return message.model_dump_json(exclude_none=True).encode()
+
+
+def decode(body: bytes, model: type[M]) -> M:
+    try:
+        return model.model_validate_json(body)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "body"
+        raise DecodeError(f"not a {model.__name__} v{SCHEMA_VERSION}: {where}: {first['msg']}") from None
+
+
+def task_id(job: str, url: str) -> str:
+    """Stable id of a URL within a job, so submitting a job twice never stores a URL twice."""
+    return hashlib.sha256(f"{job}\n{url}".encode()).hexdigest()[:32]
+
+
+class Permit(Model):
+    """The governor's permission to fetch once, now: a fetcher honours it only before `expires`."""
+
+    id: str
+    issued: float
+    expires: float
+
+
+class Attempt(Model):
+    """One attempt in a task's history. `proxy_id` is an id, never a proxy URL."""
+
+    n: int
+    at: float
+    outcome: str
+    status: int | None = None
+    proxy_id: str | None = None
+    elapsed: float = 0.0
+    delay: float | None = None
+    spent: bool = True
+    detail: str | None = None
+
+
+class FieldRule(Model):
+    """One field to extract: a CSS or XPath expression; the first match, or all with `many`."""
+
+    kind: Literal["css", "xpath"]
+    expr: str
+    many: bool = False
+
+
+class Spec(Model):
+    """What to extract from a page, by field name (see `hutch.services.parser.spec`)."""
+
+    fields: dict[str, FieldRule]
+
+
+class Task(Model):
+    v: Literal[1] = 1
+    id: str
+    job: str
+    url: str
+    domain: str
+    spec: Spec | None = None
+    submitted_at: float = Field(default_factory=time.time)
+    attempts: int = 0
+    history: list[Attempt] = Field(default_factory=list)
+    failed_proxies: list[str] = Field(default_factory=list)
+    permit: Permit | None = None
+
+
+class Page(Model):
+    """A fetched page on its way to the parser."""
+
+    v: Literal[1] = 1
+    task: Task
+    status: int
+    final_url: str
+    content_type: str | None = None
+    text: str
+    fetched_at: float
+
+
+class Item(Model):
+    """Extracted fields on their way to the storer."""
+
+    v: Literal[1] = 1
+    task: Task
+    status: int
+    fields: dict[str, Any]
+    parsed_at: float
+
+
+class DeadLetter(Model):
+    """Work that gave up, with the stage that gave up and why.
+
+    `task` is absent only when the body could not be decoded at all; `raw` then holds it.
+    """
+
+    v: Literal[1] = 1
+    stage: str
+    reason: str
+    detail: str = ""
+    at: float = Field(default_factory=time.time)
+    task: Task | None = None
+    raw: str | None = None
+    queue: str | None = None
+
+
+class Event(Model):
+    """A fact about one attempt, published on the events exchange.
+
+    `released`: the governor gave the task a permit (it is now in flight).
+    `outcome`: a fetcher finished an attempt; `next` says where the task went.
+    """
+
+    v: Literal[1] = 1
+    kind: Literal["released", "outcome"]
+    task_id: str
+    job: str
+    domain: str
+    attempt: int
+    at: float = Field(default_factory=time.time)
+    outcome: str | None = None
+    status: int | None = None
+    proxy_id: str | None = None
+    elapsed: float | None = None
+    next: Literal["parse", "retry", "dead", "frontier"] | None = None
+    delay: float | None = None
+
+
+class DomainRecord(Model):
+    """An entry of the durable domain registry (a stream): this domain has a frontier queue."""
+
+    v: Literal[1] = 1
+    domain: str
+    at: float = Field(default_factory=time.time)
+
+
+class LeaseRequest(Model):
+    v: Literal[1] = 1
+    task_id: str
+    domain: str
+    exclude: list[str] = Field(default_factory=list)
+
+
+class Lease(Model):
+    """A proxy for one attempt; `proxy_id` None with `direct` True means no pool is configured."""
+
+    v: Literal[1] = 1
+    direct: bool = False
+    proxy_id: str | None = None
+    url: str | None = None
+    tier: str | None = None

@@ -1,0 +1,80 @@
+"""The life of one service process: connect, start consuming, stop in order.
+
+Every service is a `Service`: `run()` sets up logging and tracing, connects (waiting for
+the broker if it is not up yet, as a container started before RabbitMQ must), declares the
+topology, calls `start()`, then on SIGTERM or SIGINT stops consuming, lets in-flight work
+finish within `shutdown_grace` (what does not finish is requeued by the broker when the
+connection closes), calls `stop()` and closes the connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+
+from hutch import telemetry
+from hutch.amqp import Broker, BrokerUnreachable
+from hutch.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+class Service:
+    name = "service"
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.broker = Broker(settings, self.name)
+        self.stopping = asyncio.Event()
+
+    async def start(self) -> None:
+        """Declare what the service needs beyond the static topology and start consuming."""
+
+    async def stop(self) -> None:
+        """Release the service's own resources after consuming stopped and work drained."""
+
+    async def connect(self, wait: bool = True) -> None:
+        delay = 0.5
+        while True:
+            try:
+                await self.broker.connect()
+                return
+            except BrokerUnreachable as exc:
+                if not wait or self.stopping.is_set():
+                    raise
+                log.warning("%s; retrying in %.1fs", exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 10.0)
+
+    async def run(self) -> None:
+        telemetry.setup_tracing(self.name)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(sig, self.stopping.set)
+        await self.connect()
+        await self.start()
+        log.info("%s ready (broker %s, namespace %s)", self.name, self.settings.safe_amqp_url, self.settings.namespace)
+        await self.stopping.wait()
+        await self.shutdown()
+
+    async def shutdown(self) -> None:
+        log.info("%s stopping: no new work, %.0fs for work in flight", self.name, self.settings.shutdown_grace)
+        await self.broker.stop_consuming()
+        if not await self.broker.drain(self.settings.shutdown_grace):
+            log.warning("%s: work still in flight after the grace period; the broker will redeliver it", self.name)
+        await self.stop()
+        await self.broker.close()
+        log.info("%s stopped", self.name)
+
+
+def main(service_class: type[Service]) -> None:
+    """Entry point of `python -m hutch.services.<name>`."""
+    settings = Settings()
+    telemetry.setup_logging(service_class.name, settings.log_level)
+    try:
+        asyncio.run(service_class(settings).run())
+    except BrokerUnreachable as exc:
+        raise SystemExit(f"{service_class.name}: {exc}") from None

@@ -1,0 +1,118 @@
+"""One settings object for every Hutch process.
+
+All settings live in one flat model so that each has exactly one `HUTCH_` variable, one
+default and one line in the README (a test holds the README to this model). A service
+builds it once in `main` and passes it down; nothing reads the environment at import time.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal
+from urllib.parse import urlsplit, urlunsplit
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+DEFAULT_RETRY_DELAYS = (1.0, 5.0, 30.0, 120.0, 600.0, 3600.0)
+
+
+class Settings(BaseSettings):
+    """Every tunable of Hutch; the field name upper-cased after `HUTCH_` is its variable."""
+
+    model_config = SettingsConfigDict(env_prefix="HUTCH_", extra="ignore", frozen=True)
+
+    # Broker and naming
+    amqp_url: str = Field(
+        "amqp://guest:guest@127.0.0.1:5672/", description="RabbitMQ URL (credentials never logged)"
+    )
+    namespace: str = Field("hutch", description="prefix of every exchange and queue name")
+    queue_type: Literal["classic", "quorum"] = Field(
+        "classic", description="classic on one node, quorum on a cluster"
+    )
+    publish_timeout: float = Field(10.0, description="seconds to wait for a publisher confirm")
+    rpc_timeout: float = Field(5.0, description="seconds to wait for an RPC answer (proxy lease)")
+    shutdown_grace: float = Field(
+        10.0, description="seconds in-flight work may finish after SIGTERM"
+    )
+    log_level: str = Field("INFO", description="logging level of every service")
+
+    # Store
+    data_dir: Path = Field(Path("hutch-data"), description="folder of the embedded SQLite store")
+    store_url: str | None = Field(
+        None, description="store location; default sqlite:///<data_dir>/hutch.sqlite3"
+    )
+
+    # Governor
+    rate: float = Field(2.0, description="default fetches per second per domain")
+    burst: int = Field(1, description="token bucket size per domain")
+    permit_ttl: float = Field(30.0, description="seconds a fetch permit stays valid")
+    max_ready: int = Field(
+        200, description="governor stops releasing while fetch.ready holds this many tasks"
+    )
+    max_hold: float = Field(
+        5.0, description="longest a governor waits holding one frontier message before returning it"
+    )
+
+    # Fetcher
+    concurrency: int = Field(16, description="concurrent fetches per fetcher process")
+    connect_timeout: float = Field(5.0, description="seconds to open a TCP connection")
+    read_timeout: float = Field(10.0, description="seconds between two reads of a response")
+    total_timeout: float = Field(30.0, description="seconds one fetch may take in all")
+    user_agent: str = Field(
+        "Hutch/0.1 (scraping job system)",
+        description="User-Agent sent with every request",
+    )
+    max_body_bytes: int = Field(
+        5 * 1024 * 1024, description="largest decoded response body accepted"
+    )
+    max_redirects: int = Field(5, description="redirects followed per fetch")
+    max_attempts: int = Field(5, description="attempts a task may spend before it goes dead")
+    retry_delays: Annotated[tuple[float, ...], NoDecode] = Field(
+        DEFAULT_RETRY_DELAYS, description="delay tiers in seconds, comma separated"
+    )
+    use_proxy_manager: bool = Field(
+        True, description="ask the proxy-manager for a lease on every attempt"
+    )
+
+    # Proxy manager
+    proxy_file: Path | None = Field(
+        None, description="proxy pool: a proxy URL a line, optional tier word after it"
+    )
+
+    # Parser
+    parse_workers: int = Field(2, description="threads that run extraction off the event loop")
+
+    @field_validator("retry_delays", mode="before")
+    @classmethod
+    def _split_delays(cls, value: object) -> object:
+        if isinstance(value, str):
+            return tuple(float(part) for part in value.split(",") if part.strip())
+        return value
+
+    @field_validator("retry_delays")
+    @classmethod
+    def _sorted_delays(cls, value: tuple[float, ...]) -> tuple[float, ...]:
+        if not value or any(delay <= 0 for delay in value):
+            raise ValueError("retry_delays needs at least one positive delay")
+        return tuple(sorted(set(value)))
+
+    @property
+    def store_location(self) -> str:
+        return self.store_url or f"sqlite:///{self.data_dir / 'hutch.sqlite3'}"
+
+    @property
+    def safe_amqp_url(self) -> str:
+        return redact_url(self.amqp_url)
+
+
+def redact_url(url: str) -> str:
+    """The URL with any password replaced, for logs and error messages."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.hostname or ""
+    if parts.port:
+        host = f"{host}:{parts.port}"
+    netloc = f"{parts.username}:***@{host}" if parts.username else host
+    return urlunsplit(parts._replace(netloc=netloc))

@@ -1,0 +1,417 @@
+"""The store: jobs, task state, items, attempt history and the dead-letter ledger.
+
+Task state lives here and nowhere else, so a crash of any process loses no track of what
+finished, and job counts come from here rather than from a client's memory or queue
+depths. Every write is idempotent (upserts keyed by task id, attempt time or message id),
+because every consumer is at-least-once: a redelivered message must change nothing.
+
+A task moves through `new` (recorded, not yet confirmed on the broker) -> `queued` ->
+`in_flight` (holds a permit) <-> `retrying` -> `stored` | `dead`. Events from different
+services can arrive out of order, so a transition applies only from the states listed in
+`_FROM`: a late `released` event never drags a stored task back to in flight.
+
+The default store is one SQLite file (WAL, so the CLI can read while the storer writes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+import time
+from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, TypeVar
+
+from hutch.models import DeadLetter, Event, Item
+
+SCHEMA_VERSION = 1
+STATES = ("new", "queued", "in_flight", "retrying", "stored", "dead")
+TERMINAL = ("stored", "dead")
+
+# Which states a task may enter each state from.
+_FROM = {
+    "queued": ("new",),
+    "in_flight": ("new", "queued", "retrying"),
+    "retrying": ("new", "queued", "in_flight"),
+    "stored": ("new", "queued", "in_flight", "retrying", "dead"),
+    "dead": ("new", "queued", "in_flight", "retrying"),
+}
+
+_SCHEMA = [
+    # version 1
+    """
+    CREATE TABLE jobs (
+        name TEXT PRIMARY KEY,
+        spec TEXT,
+        created_at REAL NOT NULL
+    );
+    CREATE TABLE tasks (
+        id TEXT PRIMARY KEY,
+        job TEXT NOT NULL,
+        url TEXT NOT NULL,
+        domain TEXT NOT NULL,
+        state TEXT NOT NULL,
+        attempts INTEGER NOT NULL DEFAULT 0,
+        last_outcome TEXT,
+        created_at REAL NOT NULL,
+        updated_at REAL NOT NULL
+    );
+    CREATE INDEX tasks_by_job_state ON tasks (job, state);
+    CREATE TABLE items (
+        task_id TEXT PRIMARY KEY,
+        job TEXT NOT NULL,
+        url TEXT NOT NULL,
+        status INTEGER,
+        fields TEXT NOT NULL,
+        stored_at REAL NOT NULL
+    );
+    CREATE INDEX items_by_job ON items (job);
+    CREATE TABLE attempts (
+        task_id TEXT NOT NULL,
+        n INTEGER NOT NULL,
+        at REAL NOT NULL,
+        outcome TEXT,
+        status INTEGER,
+        proxy_id TEXT,
+        elapsed REAL,
+        next TEXT,
+        delay REAL,
+        PRIMARY KEY (task_id, n, at)
+    );
+    CREATE TABLE dead (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        message_id TEXT UNIQUE,
+        task_id TEXT,
+        job TEXT,
+        url TEXT,
+        domain TEXT,
+        stage TEXT NOT NULL,
+        reason TEXT NOT NULL,
+        detail TEXT,
+        attempts INTEGER,
+        letter TEXT NOT NULL,
+        dead_at REAL NOT NULL,
+        replayed_at REAL
+    );
+    CREATE INDEX dead_by_job ON dead (job, reason, domain);
+    """,
+]
+
+
+class StoreError(Exception):
+    """The store cannot be opened or is of a schema this version does not know."""
+
+
+@dataclass(frozen=True)
+class JobCounts:
+    job: str
+    total: int
+    stored: int
+    dead: int
+    in_flight: int
+    pending: int  # everything not stored and not dead (in flight included)
+
+    @property
+    def done(self) -> bool:
+        return self.pending == 0
+
+
+def sqlite_path(location: str) -> Path:
+    if location.startswith("sqlite:///"):
+        return Path(location[len("sqlite:///") :])
+    if "://" in location:
+        raise StoreError(f"unsupported store URL scheme in {location.split('://')[0]}://...")
+    return Path(location)
+
+
+class Store:
+    """Blocking access to the store; one instance per thread (see AsyncStore)."""
+
+    def __init__(self, location: str) -> None:
+        self.path = sqlite_path(location)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.db = sqlite3.connect(self.path, timeout=30.0, isolation_level=None)
+        self.db.row_factory = sqlite3.Row
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=NORMAL")
+        self.db.execute("PRAGMA busy_timeout=30000")
+        self._migrate()
+
+    def close(self) -> None:
+        self.db.close()
+
+    def _migrate(self) -> None:
+        version = self.db.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            raise StoreError(
+                f"store {self.path} has schema version {version}; this Hutch knows up to "
+                f"{SCHEMA_VERSION}: upgrade Hutch"
+            )
+        for number in range(version, SCHEMA_VERSION):
+            # executescript commits whatever is open first, so the script is its own transaction.
+            self.db.executescript(
+                f"BEGIN IMMEDIATE; {_SCHEMA[number]}; PRAGMA user_version={number + 1}; COMMIT;"
+            )
+
+    def _tx(self) -> _Transaction:
+        return _Transaction(self.db)
+
+    # -- jobs and tasks ----------------------------------------------------------------
+
+    def add_job(self, name: str, spec: dict[str, Any] | None) -> None:
+        with self._tx():
+            self.db.execute(
+                "INSERT INTO jobs (name, spec, created_at) VALUES (?, ?, ?) "
+                "ON CONFLICT (name) DO UPDATE SET spec = excluded.spec",
+                (name, json.dumps(spec) if spec else None, time.time()),
+            )
+
+    def job_exists(self, name: str) -> bool:
+        return self.db.execute("SELECT 1 FROM jobs WHERE name = ?", (name,)).fetchone() is not None
+
+    def add_tasks(self, rows: Iterable[tuple[str, str, str, str]]) -> list[str]:
+        """Record (id, job, url, domain) rows; return the ids still waiting to be published.
+
+        Tasks already recorded keep their state; a task still `new` (recorded by an earlier
+        submit that died before publishing it) is returned again so it gets published.
+        """
+        now = time.time()
+        rows = list(rows)
+        with self._tx():
+            self.db.executemany(
+                "INSERT INTO tasks (id, job, url, domain, state, created_at, updated_at) "
+                "VALUES (?, ?, ?, ?, 'new', ?, ?) ON CONFLICT (id) DO NOTHING",
+                [(*row, now, now) for row in rows],
+            )
+            ids = [row[0] for row in rows]
+            marks = ",".join("?" * len(ids))
+            found = self.db.execute(
+                f"SELECT id FROM tasks WHERE state = 'new' AND id IN ({marks})", ids
+            ).fetchall()
+        waiting = {row[0] for row in found}
+        return [i for i in ids if i in waiting]
+
+    def mark_queued(self, ids: Iterable[str]) -> None:
+        self._transition(list(ids), "queued")
+
+    def _transition(self, ids: list[str], state: str, outcome: str | None = None) -> int:
+        if not ids:
+            return 0
+        sources = _FROM[state]
+        now = time.time()
+        changed = 0
+        with self._tx():
+            for chunk in _chunks(ids, 500):
+                cursor = self.db.execute(
+                    f"UPDATE tasks SET state = ?, updated_at = ?, "
+                    f"last_outcome = COALESCE(?, last_outcome) "
+                    f"WHERE id IN ({','.join('?' * len(chunk))}) "
+                    f"AND state IN ({','.join('?' * len(sources))})",
+                    (state, now, outcome, *chunk, *sources),
+                )
+                changed += cursor.rowcount
+        return changed
+
+    def task_state(self, task_id: str) -> str | None:
+        row = self.db.execute("SELECT state FROM tasks WHERE id = ?", (task_id,)).fetchone()
+        return None if row is None else str(row[0])
+
+    def tasks(self, job: str) -> list[dict[str, Any]]:
+        rows = self.db.execute(
+            "SELECT id, url, domain, state, attempts, last_outcome FROM tasks WHERE job = ? ORDER BY url",
+            (job,),
+        ).fetchall()
+        return [dict(row) for row in rows]
+
+    def unpublished(self, job: str) -> Iterator[sqlite3.Row]:
+        yield from self.db.execute(
+            "SELECT id, url, domain FROM tasks WHERE job = ? AND state = 'new'", (job,)
+        )
+
+    # -- what the services report ----------------------------------------------------------
+
+    def apply_event(self, event: Event) -> None:
+        with self._tx():
+            if event.kind == "released":
+                self._transition_in_tx(event.task_id, "in_flight", None)
+                return
+            self.db.execute(
+                "INSERT INTO attempts (task_id, n, at, outcome, status, proxy_id, elapsed, next, delay) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                (
+                    event.task_id,
+                    event.attempt,
+                    event.at,
+                    event.outcome,
+                    event.status,
+                    event.proxy_id,
+                    event.elapsed,
+                    event.next,
+                    event.delay,
+                ),
+            )
+            self.db.execute(
+                "UPDATE tasks SET attempts = MAX(attempts, ?) WHERE id = ?",
+                (event.attempt, event.task_id),
+            )
+            if event.next in ("retry", "frontier"):
+                self._transition_in_tx(event.task_id, "retrying", event.outcome)
+
+    def _transition_in_tx(self, task_id: str, state: str, outcome: str | None) -> None:
+        sources = _FROM[state]
+        self.db.execute(
+            f"UPDATE tasks SET state = ?, updated_at = ?, last_outcome = COALESCE(?, last_outcome) "
+            f"WHERE id = ? AND state IN ({','.join('?' * len(sources))})",
+            (state, time.time(), outcome, task_id, *sources),
+        )
+
+    def store_item(self, item: Item) -> None:
+        task = item.task
+        with self._tx():
+            self.db.execute(
+                "INSERT INTO items (task_id, job, url, status, fields, stored_at) VALUES (?, ?, ?, ?, ?, ?) "
+                "ON CONFLICT (task_id) DO UPDATE SET status = excluded.status, "
+                "fields = excluded.fields, stored_at = excluded.stored_at",
+                (task.id, task.job, task.url, item.status, json.dumps(item.fields), time.time()),
+            )
+            # A task submitted elsewhere (another store) is recorded here on first sight.
+            self.db.execute(
+                "INSERT INTO tasks (id, job, url, domain, state, attempts, created_at, updated_at) "
+                "VALUES (?, ?, ?, ?, 'stored', ?, ?, ?) ON CONFLICT (id) DO NOTHING",
+                (task.id, task.job, task.url, task.domain, task.attempts, time.time(), time.time()),
+            )
+            self.db.execute(
+                "UPDATE tasks SET attempts = MAX(attempts, ?) WHERE id = ?", (task.attempts, task.id)
+            )
+            self._transition_in_tx(task.id, "stored", "ok")
+
+    def record_dead(self, letter: DeadLetter, message_id: str) -> None:
+        task = letter.task
+        with self._tx():
+            self.db.execute(
+                "INSERT INTO dead (message_id, task_id, job, url, domain, stage, reason, detail, "
+                "attempts, letter, dead_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                "ON CONFLICT (message_id) DO NOTHING",
+                (
+                    message_id,
+                    task.id if task else None,
+                    task.job if task else None,
+                    task.url if task else None,
+                    task.domain if task else None,
+                    letter.stage,
+                    letter.reason,
+                    letter.detail,
+                    task.attempts if task else None,
+                    letter.model_dump_json(exclude_none=True),
+                    letter.at,
+                ),
+            )
+            if task is not None:
+                self.db.execute(
+                    "UPDATE tasks SET attempts = MAX(attempts, ?) WHERE id = ?",
+                    (task.attempts, task.id),
+                )
+                self._transition_in_tx(task.id, "dead", letter.reason)
+
+    # -- reading ---------------------------------------------------------------------
+
+    def counts(self, job: str | None = None) -> list[JobCounts]:
+        query = (
+            "SELECT job, COUNT(*) AS total, "
+            "SUM(state = 'stored') AS stored, SUM(state = 'dead') AS dead, "
+            "SUM(state = 'in_flight') AS in_flight FROM tasks "
+        )
+        params: tuple[str, ...] = ()
+        if job is not None:
+            query += "WHERE job = ? "
+            params = (job,)
+        query += "GROUP BY job ORDER BY job"
+        result = []
+        for row in self.db.execute(query, params):
+            total, stored, dead = row["total"], row["stored"] or 0, row["dead"] or 0
+            result.append(
+                JobCounts(row["job"], total, stored, dead, row["in_flight"] or 0, total - stored - dead)
+            )
+        if job is not None and not result and self.job_exists(job):
+            result.append(JobCounts(job, 0, 0, 0, 0, 0))
+        return result
+
+    def items(self, job: str) -> Iterator[dict[str, Any]]:
+        for row in self.db.execute(
+            "SELECT url, fields FROM items WHERE job = ? ORDER BY url", (job,)
+        ):
+            yield {"url": row["url"], **json.loads(row["fields"])}
+
+    def attempts(self, task_id: str) -> list[dict[str, Any]]:
+        rows = self.db.execute(
+            "SELECT * FROM attempts WHERE task_id = ? ORDER BY at", (task_id,)
+        ).fetchall()
+        return [dict(row) for row in rows]
+
+    def dead_letters(self, job: str | None = None) -> list[dict[str, Any]]:
+        query = "SELECT * FROM dead"
+        params: tuple[str, ...] = ()
+        if job is not None:
+            query += " WHERE job = ?"
+            params = (job,)
+        return [dict(row) for row in self.db.execute(query + " ORDER BY id", params)]
+
+
+class _Transaction:
+    """BEGIN IMMEDIATE ... COMMIT, nested uses join the outer transaction."""
+
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self.db = db
+        self.outer = False
+
+    def __enter__(self) -> None:
+        if not self.db.in_transaction:
+            self.db.execute("BEGIN IMMEDIATE")
+            self.outer = True
+
+    def __exit__(self, exc_type: object, *_: object) -> None:
+        if not self.outer:
+            return
+        if exc_type is None:
+            self.db.execute("COMMIT")
+        else:
+            self.db.execute("ROLLBACK")
+
+
+T = TypeVar("T")
+
+
+class AsyncStore:
+    """The store for asyncio code: every call runs on one dedicated thread, off the loop."""
+
+    def __init__(self, location: str) -> None:
+        self.location = location
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="store")
+        self._store: Store | None = None
+
+    async def open(self) -> AsyncStore:
+        self._store = await self._run_raw(lambda: Store(self.location))
+        return self
+
+    async def _run_raw(self, fn: Callable[[], T]) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
+
+    async def run(self, fn: Callable[[Store], T]) -> T:
+        store = self._store
+        assert store is not None, "open() first"
+        return await self._run_raw(lambda: fn(store))
+
+    async def close(self) -> None:
+        if self._store is not None:
+            store = self._store
+            self._store = None
+            await self._run_raw(store.close)
+        self._executor.shutdown(wait=True)
+
+
+def _chunks(values: list[str], size: int) -> Iterator[list[str]]:
+    for start in range(0, len(values), size):
+        yield values[start : start + size]

@@ -1,0 +1,179 @@
+"""The one place that names and declares Hutch's exchanges, queues and bindings.
+
+RabbitMQ refuses to redeclare a queue with other arguments (PRECONDITION_FAILED) and
+silently ignores a misspelt `x-dead-letter-exchange`, so the topology is data here and
+every service declares it, idempotently, through `declare` at start. Names carry the
+namespace (tests isolate on it) and a version (`v1`), so a change of arguments is a new
+name rather than a clash with queues already on a broker.
+
+Shape (see the design card):
+- `frontier` (direct, alternate exchange `frontier.unrouted`): key `d.<domain>`, one durable
+  queue `frontier.d.<domain>` per domain, created by the governor when a message for a new
+  domain falls through to `frontier.unrouted`, and recorded in the `domains` stream.
+- `work` (direct): `fetch.ready`, `parse`, `store` queues under their own names as keys.
+- `retry.<delay>`: a fanout exchange and a queue per delay tier with a fixed TTL that
+  dead-letters into `frontier` with no dead-letter routing key, so an expired retry re-enters
+  its own domain queue under its original key. No consumers: the broker holds the delay.
+- `dead` (fanout): to `dlq` (kept for inspection and replay) and `dead.ledger` (the storer).
+- `events` (topic): `released.<domain>`, `outcome.<domain>`; the storer keeps task state
+  and attempt history from them.
+- `rpc.proxy`: the proxy-manager's lease requests; answers go by direct reply-to.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from hutch.domains import routing_key
+
+VERSION = "v1"
+ExchangeType = Literal["direct", "fanout", "topic"]
+
+
+@dataclass(frozen=True)
+class ExchangeSpec:
+    name: str
+    type: ExchangeType
+    arguments: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class QueueSpec:
+    name: str
+    arguments: dict[str, Any] = field(default_factory=dict)
+    bindings: tuple[tuple[str, str], ...] = ()  # (exchange, routing key)
+
+
+def tier_label(delay: float) -> str:
+    """`1s`, `30s`, `2m`, `1h`, `500ms`: the delay as it appears in a tier's name."""
+    ms = round(delay * 1000)
+    if ms % 3_600_000 == 0:
+        return f"{ms // 3_600_000}h"
+    if ms % 60_000 == 0:
+        return f"{ms // 60_000}m"
+    if ms % 1000 == 0:
+        return f"{ms // 1000}s"
+    return f"{ms}ms"
+
+
+class Topology:
+    """All names and arguments for one namespace; pure data, no broker."""
+
+    def __init__(
+        self,
+        namespace: str,
+        queue_type: Literal["classic", "quorum"] = "classic",
+        retry_delays: Iterable[float] = (1, 5, 30, 120, 600, 3600),
+    ) -> None:
+        self.namespace = namespace
+        self.queue_type = queue_type
+        self.retry_delays = tuple(sorted(set(float(d) for d in retry_delays)))
+        p = f"{namespace}.{VERSION}."
+        self.prefix = p
+        self.frontier = p + "frontier"
+        self.unrouted = p + "frontier.unrouted"
+        self.work = p + "work"
+        self.dead = p + "dead"
+        self.events = p + "events"
+        self.fetch_ready = p + "fetch.ready"
+        self.parse = p + "parse"
+        self.store = p + "store"
+        self.dlq = p + "dlq"
+        self.ledger = p + "dead.ledger"
+        self.domains = p + "domains"
+        self.events_storer = p + "events.storer"
+        self.rpc_proxy = p + "rpc.proxy"
+
+    # -- arguments -----------------------------------------------------------------
+
+    def _durable_args(self, *, delivery_limit: bool = False) -> dict[str, Any]:
+        if self.queue_type == "classic":
+            return {"x-queue-type": "classic"}
+        args: dict[str, Any] = {"x-queue-type": "quorum"}
+        if delivery_limit:
+            # Only on work queues: on frontier queues every requeue after a pause or a
+            # governor takeover would count as a delivery and could drop good work.
+            args["x-delivery-limit"] = 1000
+        return args
+
+    def domain_queue(self, domain: str) -> QueueSpec:
+        """A domain's frontier queue: a dead-letter target, so no TTL, expiry or length limit.
+
+        Single active consumer: every governor consumes every domain queue and the broker
+        lets one of them at a time release that domain's tasks (standby takes over).
+        """
+        args = self._durable_args()
+        args["x-single-active-consumer"] = True
+        return QueueSpec(
+            name=f"{self.frontier}.d.{domain}",
+            arguments=args,
+            bindings=((self.frontier, routing_key(domain)),),
+        )
+
+    def tier_exchange(self, delay: float) -> str:
+        return f"{self.prefix}retry.{tier_label(delay)}"
+
+    def tier_for(self, wanted: float) -> float:
+        """The smallest configured delay tier at least `wanted` long (the longest if none is)."""
+        for delay in self.retry_delays:
+            if delay >= wanted:
+                return delay
+        return self.retry_delays[-1]
+
+    # -- the static topology --------------------------------------------------------
+
+    @property
+    def exchanges(self) -> tuple[ExchangeSpec, ...]:
+        tiers = tuple(ExchangeSpec(self.tier_exchange(d), "fanout") for d in self.retry_delays)
+        return (
+            ExchangeSpec(self.unrouted, "fanout"),
+            ExchangeSpec(self.frontier, "direct", {"alternate-exchange": self.unrouted}),
+            ExchangeSpec(self.work, "direct"),
+            ExchangeSpec(self.dead, "fanout"),
+            ExchangeSpec(self.events, "topic"),
+            *tiers,
+        )
+
+    @property
+    def queues(self) -> tuple[QueueSpec, ...]:
+        work = self._durable_args(delivery_limit=True)
+        plain = self._durable_args()
+        tiers = []
+        for delay in self.retry_delays:
+            args = dict(plain)
+            args["x-message-ttl"] = round(delay * 1000)
+            # No x-dead-letter-routing-key: the expired message keeps its own key
+            # (`d.<domain>`) and so lands back in its own domain queue.
+            args["x-dead-letter-exchange"] = self.frontier
+            if self.queue_type == "quorum":
+                # At-least-once dead-lettering: a retry must not be lost on its way back.
+                args["x-dead-letter-strategy"] = "at-least-once"
+                args["x-overflow"] = "reject-publish"
+            name = self.tier_exchange(delay)
+            tiers.append(QueueSpec(name, args, ((name, ""),)))
+        return (
+            QueueSpec(self.unrouted, plain, ((self.unrouted, ""),)),
+            QueueSpec(self.fetch_ready, work, ((self.work, "fetch.ready"),)),
+            QueueSpec(self.parse, work, ((self.work, "parse"),)),
+            QueueSpec(self.store, work, ((self.work, "store"),)),
+            QueueSpec(self.dlq, plain, ((self.dead, ""),)),
+            QueueSpec(self.ledger, work, ((self.dead, ""),)),
+            QueueSpec(self.events_storer, work, ((self.events, "#"),)),
+            QueueSpec(self.rpc_proxy, plain),
+            QueueSpec(
+                self.domains,
+                {"x-queue-type": "stream", "x-max-length-bytes": 256 * 1024 * 1024},
+            ),
+            *tiers,
+        )
+
+    def queue(self, name: str) -> QueueSpec:
+        for spec in self.queues:
+            if spec.name == name:
+                return spec
+        raise KeyError(f"no queue {name!r} in the topology")
+
+    def all_queue_names(self, domains: Iterable[str] = ()) -> list[str]:
+        return [q.name for q in self.queues] + [self.domain_queue(d).name for d in domains]
