@@ -1,0 +1,49 @@
+# Hutch: `make demo` runs a real job against the local sandbox; `make test` runs every test.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+
+.PHONY: demo test unit integration e2e lint broker bench clean help
+
+help:
+	@echo "make demo   - set up, make sure RabbitMQ is reachable, run the sample job against the sandbox"
+	@echo "make test   - unit, integration and end-to-end tests (real RabbitMQ)"
+	@echo "make lint   - ruff and mypy"
+	@echo "make bench  - benchmarks (figures in docs/benchmarks.md)"
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+broker: $(STAMP)
+	$(PY) -m hutch.services.control.broker
+
+demo: broker
+	$(PY) -m hutch.services.control.demo
+
+test: broker
+	$(PY) -m pytest -q -ra
+
+unit: $(STAMP)
+	$(PY) -m pytest -q tests/unit
+
+integration: broker
+	$(PY) -m pytest -q tests/integration
+
+e2e: broker
+	$(PY) -m pytest -q tests/e2e
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check shared services tests bench
+	$(VENV)/bin/mypy shared
+
+bench: broker
+	$(PY) bench/governor_permits.py
+
+clean:
+	rm -rf $(VENV) hutch-data .pytest_cache .mypy_cache .ruff_cache

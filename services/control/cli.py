@@ -1,0 +1,392 @@
+"""The `hutch` command line.
+
+Every command reads the same settings (`HUTCH_*` variables) as the services. Errors a user
+can cause or fix (an unreachable broker, a bad URL file, a broken spec) end the command
+with one sentence on stderr and exit status 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable, Coroutine, Sequence
+from pathlib import Path
+from typing import Any
+
+from hutch import telemetry
+from hutch.amqp import Broker, BrokerUnreachable, PublishFailed
+from hutch.models import Spec
+from hutch.services import SERVICES, service_class
+from hutch.services.control.submit import UrlFileError, check_urls, submit, valid_urls
+from hutch.services.control.supervisor import Supervisor
+from hutch.services.parser.spec import SpecError, load_spec
+from hutch.services.proxy_manager.pool import PoolError, load_pool
+from hutch.settings import Settings
+from hutch.store import AsyncStore, JobCounts, Store, StoreError
+
+
+class UserError(Exception):
+    """Something the user can fix; printed as one sentence."""
+
+
+# -- helpers ------------------------------------------------------------------------------
+
+
+def _settings(**overrides: Any) -> Settings:
+    try:
+        return Settings(**{k: v for k, v in overrides.items() if v is not None})
+    except Exception as exc:
+        raise UserError(f"invalid setting: {exc}") from None
+
+
+def _rate(text: str) -> float:
+    value = text.removesuffix("/s")
+    try:
+        rate = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a rate like 2/s, got {text!r}") from None
+    if rate <= 0:
+        raise argparse.ArgumentTypeError("the rate must be positive")
+    return rate
+
+
+def _default_job(urls_file: Path) -> str:
+    return urls_file.stem or "job"
+
+
+def _load_spec(path: str | None) -> Spec | None:
+    if path is None:
+        return None
+    try:
+        return load_spec(path)
+    except SpecError as exc:
+        raise UserError(str(exc)) from None
+
+
+def _check_urls(path: Path, skip_invalid: bool) -> int:
+    try:
+        checked = check_urls(path, skip_invalid)
+    except UrlFileError as exc:
+        raise UserError(str(exc)) from None
+    for number, text, why in checked.skipped:
+        print(f"skipped line {number}: {text} ({why})", file=sys.stderr)
+    return checked.valid
+
+
+async def _connect(settings: Settings, name: str = "control") -> Broker:
+    try:
+        return await Broker(settings, name).connect()
+    except BrokerUnreachable as exc:
+        raise UserError(f"{exc}. Start RabbitMQ (`make broker`) or set HUTCH_AMQP_URL.") from None
+
+
+def _counts_line(counts: JobCounts) -> str:
+    return f"done: {counts.stored} stored, {counts.dead} dead, {counts.pending} pending"
+
+
+async def _job_counts(store: AsyncStore, job: str) -> JobCounts:
+    found = await store.run(lambda s: s.counts(job))
+    return found[0] if found else JobCounts(job, 0, 0, 0, 0, 0)
+
+
+async def _services_running(broker: Broker) -> int:
+    """Consumers on fetch.ready: more than zero means a set of services runs in this namespace."""
+    channel = await broker.channel()
+    try:
+        queue = await channel.declare_queue(broker.topology.fetch_ready, passive=True, robust=False)
+        return queue.declaration_result.consumer_count or 0
+    finally:
+        await channel.close()
+
+
+class Progress:
+    """A one-line progress bar on a terminal, a line every few seconds otherwise."""
+
+    def __init__(self, stream: Any = sys.stderr) -> None:
+        self.stream = stream
+        self.tty = hasattr(stream, "isatty") and stream.isatty()
+        self.started = time.monotonic()
+        self.last_line = 0.0
+
+    def show(self, counts: JobCounts) -> None:
+        done = counts.stored + counts.dead
+        total = max(counts.total, 1)
+        rate = counts.stored / max(time.monotonic() - self.started, 1e-9)
+        width = 30
+        filled = int(width * done / total)
+        text = (
+            f"[{'#' * filled}{'.' * (width - filled)}] {done}/{counts.total} "
+            f"stored {counts.stored} dead {counts.dead} in flight {counts.in_flight} "
+            f"| {rate:.1f} pages/s"
+        )
+        if self.tty:
+            print(f"\r{text}", end="", file=self.stream, flush=True)
+        elif time.monotonic() - self.last_line >= 5:
+            self.last_line = time.monotonic()
+            print(text, file=self.stream, flush=True)
+
+    def end(self) -> None:
+        if self.tty:
+            print(file=self.stream)
+
+
+def _export(store_location: str, job: str, out: Path | None) -> int:
+    store = Store(store_location)
+    try:
+        if not store.job_exists(job):
+            raise UserError(f"no job named {job!r} in the store {store_location}")
+        handle = out.open("w", encoding="utf-8") if out else sys.stdout
+        count = 0
+        try:
+            for item in store.items(job):
+                handle.write(json.dumps(item, ensure_ascii=False) + "\n")
+                count += 1
+        finally:
+            if out:
+                handle.close()
+        return count
+    finally:
+        store.close()
+
+
+# -- commands -----------------------------------------------------------------------------
+
+
+async def cmd_submit(args: argparse.Namespace) -> int:
+    settings = _settings()
+    path = Path(args.urls_file)
+    spec = _load_spec(args.spec)
+    _check_urls(path, args.skip_invalid)
+    job = args.job or _default_job(path)
+    broker = await _connect(settings)
+    store = await AsyncStore(settings.store_location).open()
+    try:
+        result = await submit(broker, store, job, valid_urls(path), spec)
+    finally:
+        await store.close()
+        await broker.close()
+    duplicates = result.lines - result.published - result.already
+    print(job)
+    print(
+        f"submitted {result.published} tasks to job {job}"
+        + (f", {result.already} already known" if result.already else "")
+        + (f", {duplicates} duplicate lines" if duplicates else ""),
+        file=sys.stderr,
+    )
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    settings = _settings()
+    try:
+        store = Store(settings.store_location)
+    except StoreError as exc:
+        raise UserError(str(exc)) from None
+    try:
+        rows = store.counts(args.job)
+    finally:
+        store.close()
+    if args.job and not rows:
+        raise UserError(f"no job named {args.job!r} in the store {settings.store_location}")
+    if args.json:
+        print(json.dumps([row.__dict__ for row in rows]))
+        return 0
+    print(f"{'job':<24} {'total':>8} {'stored':>8} {'dead':>8} {'pending':>8} {'in flight':>9}")
+    for row in rows:
+        print(
+            f"{row.job:<24} {row.total:>8} {row.stored:>8} {row.dead:>8} {row.pending:>8} {row.in_flight:>9}"
+        )
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    settings = _settings()
+    out = Path(args.out) if args.out else None
+    count = _export(settings.store_location, args.job, out)
+    if out:
+        print(f"exported {count} items to {out}", file=sys.stderr)
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    settings = _settings()
+    cls = service_class(args.name)
+    telemetry.setup_logging(cls.name, settings.log_level)
+    asyncio.run(cls(settings).run())
+    return 0
+
+
+async def _run_supervisor(supervisor: Supervisor, until: Coroutine[Any, Any, Any] | None = None) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await supervisor.start()
+    try:
+        waiters = [asyncio.create_task(stop.wait())]
+        if until is not None:
+            waiters.append(asyncio.create_task(until))
+        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+        for waiter in waiters:
+            waiter.cancel()
+    finally:
+        await supervisor.stop()
+
+
+async def cmd_up(args: argparse.Namespace) -> int:
+    settings = _settings()
+    broker = await _connect(settings)
+    await broker.close()
+    env = dict(os.environ)
+    print(f"starting {', '.join(SERVICES)} ({args.fetchers} fetchers); Ctrl-C stops all", file=sys.stderr)
+    await _run_supervisor(Supervisor(env, fetchers=args.fetchers, grace=settings.shutdown_grace))
+    return 0
+
+
+async def cmd_run(args: argparse.Namespace) -> int:
+    overrides: dict[str, Any] = {"rate": args.rate, "proxy_file": args.proxies}
+    settings = _settings(**overrides)
+    path = Path(args.urls_file)
+    spec = _load_spec(args.spec)
+    if args.proxies:
+        try:
+            load_pool(args.proxies)
+        except PoolError as exc:
+            raise UserError(str(exc)) from None
+    _check_urls(path, args.skip_invalid)
+    job = args.job or _default_job(path)
+    broker = await _connect(settings)
+    supervisor: Supervisor | None = None
+    store = await AsyncStore(settings.store_location).open()
+    progress = Progress()
+    try:
+        running = await _services_running(broker)
+        if args.attach and not running:
+            raise UserError("--attach given but no services run in this namespace; start them with `hutch up`")
+        if not args.attach:
+            if running:
+                raise UserError(
+                    f"services already run in namespace {settings.namespace!r} ({running} fetcher consumers); "
+                    "use --attach to submit to them, or stop them first"
+                )
+            env = dict(os.environ)
+            env["HUTCH_RATE"] = str(settings.rate)
+            if settings.proxy_file:
+                env["HUTCH_PROXY_FILE"] = str(settings.proxy_file)
+            supervisor = Supervisor(
+                env, fetchers=args.fetchers, out=sys.stderr if args.verbose else None,
+                grace=settings.shutdown_grace,
+            )
+            await supervisor.start()
+            await supervisor.wait_ready(timeout=60)
+        result = await submit(broker, store, job, valid_urls(path), spec)
+        print(f"job {job}: {result.published} tasks submitted", file=sys.stderr)
+        deadline = time.monotonic() + args.timeout if args.timeout else None
+        while True:
+            counts = await _job_counts(store, job)
+            progress.show(counts)
+            if counts.pending == 0 or (deadline and time.monotonic() > deadline):
+                break
+            await asyncio.sleep(0.5)
+        progress.end()
+    finally:
+        if supervisor is not None:
+            await supervisor.stop()
+        await store.close()
+        await broker.close()
+    out = Path(args.out) if args.out else settings.data_dir / f"{job}.jsonl"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    exported = _export(settings.store_location, job, out)
+    print(f"items: {exported} in {out}", file=sys.stderr)
+    print(_counts_line(counts))
+    return 0 if counts.pending == 0 else 1
+
+
+def cmd_sandbox(args: argparse.Namespace) -> int:
+    from hutch.sandbox import run_forever
+
+    run_forever(args.config, args.urls_out, args.proxies_out, args.access_log)
+    return 0
+
+
+# -- parser --------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="hutch",
+        description="Hutch: a scraping job system of small services on RabbitMQ. "
+        "Settings come from HUTCH_* environment variables (see the README).",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("up", help="run every service as a child process (Ctrl-C stops all)")
+    p.add_argument("--fetchers", type=int, default=1, help="fetcher processes (default 1)")
+    p.set_defaults(run=cmd_up, is_async=True)
+
+    p = sub.add_parser("serve", help="run one service (what a container runs)")
+    p.add_argument("name", choices=SERVICES, help="the service")
+    p.set_defaults(run=cmd_serve, is_async=False)
+
+    def job_args(p: argparse.ArgumentParser) -> None:
+        p.add_argument("urls_file", help="a file with one URL a line (# comments and blank lines skipped)")
+        p.add_argument("--job", help="job name (default: the file's name without extension)")
+        p.add_argument("--spec", help="YAML spec of the fields to extract (default url, status, title)")
+        p.add_argument("--skip-invalid", action="store_true", help="submit the valid lines, list the rest")
+
+    p = sub.add_parser("submit", help="submit a URL file as a job to running services")
+    job_args(p)
+    p.set_defaults(run=cmd_submit, is_async=True)
+
+    p = sub.add_parser("status", help="stored, dead, pending and in-flight tasks per job")
+    p.add_argument("job", nargs="?", help="one job (default: all)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(run=cmd_status, is_async=False)
+
+    p = sub.add_parser("run", help="start the services, run a job to the end, export its items")
+    job_args(p)
+    p.add_argument("--rate", type=_rate, help="fetches per second per domain, e.g. 2/s")
+    p.add_argument("--proxies", help="proxy file: a proxy URL a line, optional tier word after it")
+    p.add_argument("--fetchers", type=int, default=1, help="fetcher processes (default 1)")
+    p.add_argument("--out", help="JSONL file for the items (default <data dir>/<job>.jsonl)")
+    p.add_argument("--attach", action="store_true", help="use services already running")
+    p.add_argument("--timeout", type=float, help="give up waiting after this many seconds")
+    p.add_argument("--verbose", action="store_true", help="show the services' logs")
+    p.set_defaults(run=cmd_run, is_async=True)
+
+    p = sub.add_parser("export", help="write a job's items as JSONL")
+    p.add_argument("job")
+    p.add_argument("--out", help="file (default: standard output)")
+    p.set_defaults(run=cmd_export, is_async=False)
+
+    p = sub.add_parser("sandbox", help="serve the local test sites and proxies (loopback only)")
+    p.add_argument("--config", help="sandbox YAML (default: the bundled one)")
+    p.add_argument("--urls-out", help="write the URL list here")
+    p.add_argument("--proxies-out", help="write the proxy file here")
+    p.add_argument("--access-log", help="append every request as JSON lines here")
+    p.set_defaults(run=cmd_sandbox, is_async=False)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    run: Callable[[argparse.Namespace], Any] = args.run
+    try:
+        code = asyncio.run(run(args)) if args.is_async else run(args)
+    except UserError as exc:
+        print(f"hutch: {exc}", file=sys.stderr)
+        code = 2
+    except PublishFailed as exc:
+        print(f"hutch: the broker did not accept the work: {exc}", file=sys.stderr)
+        code = 2
+    except KeyboardInterrupt:
+        code = 130
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+    raise SystemExit(code)

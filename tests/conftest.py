@@ -1,0 +1,125 @@
+"""Test fixtures: a real RabbitMQ, isolated per session (a vhost) and per test (a namespace).
+
+The broker is found through `HUTCH_AMQP_URL` (default the local one). When `rabbitmqctl`
+can reach it, the session gets its own vhost, removed at the end, so nothing is left on a
+broker that outlives the test run; otherwise the namespace alone isolates tests and each
+test deletes the queues of its namespace. With no broker reachable, a Docker engine lets
+testcontainers start one. Failing all that, broker tests are skipped locally and fail in CI.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import socket
+import subprocess
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from urllib.parse import quote, urlsplit, urlunsplit
+
+import pytest
+
+from hutch.settings import Settings
+
+DEFAULT_URL = "amqp://guest:guest@127.0.0.1:5672/"
+
+
+def _reachable(url: str) -> bool:
+    parts = urlsplit(url)
+    try:
+        with socket.create_connection((parts.hostname or "127.0.0.1", parts.port or 5672), timeout=2):
+            return True
+    except OSError:
+        return False
+
+
+def _rabbitmqctl(*args: str) -> bool:
+    if shutil.which("rabbitmqctl") is None:
+        return False
+    done = subprocess.run(["rabbitmqctl", *args], capture_output=True, text=True, timeout=60)
+    return done.returncode == 0
+
+
+def _with_vhost(url: str, vhost: str) -> str:
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(path="/" + quote(vhost, safe="")))
+
+
+@pytest.fixture(scope="session")
+def amqp_url() -> Iterator[str]:
+    base = os.environ.get("HUTCH_AMQP_URL", DEFAULT_URL)
+    container = None
+    if not _reachable(base):
+        try:
+            from testcontainers.rabbitmq import RabbitMqContainer  # type: ignore[import-not-found]
+
+            container = RabbitMqContainer("rabbitmq:3.13-management").start()
+            host = container.get_container_host_ip()
+            base = f"amqp://guest:guest@{host}:{container.get_exposed_port(5672)}/"
+        except Exception as exc:
+            message = f"no RabbitMQ reachable at {base} and none could be started ({exc})"
+            if os.environ.get("CI"):
+                pytest.fail(message)
+            pytest.skip(message)
+    host = urlsplit(base).hostname
+    vhost = f"hutch-test-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+    local = host in ("127.0.0.1", "localhost", "::1") and container is None
+    user = urlsplit(base).username or "guest"
+    if local and _rabbitmqctl("add_vhost", vhost):
+        _rabbitmqctl("set_permissions", "-p", vhost, user, ".*", ".*", ".*")
+        yield _with_vhost(base, vhost)
+        _rabbitmqctl("delete_vhost", vhost)
+    else:
+        yield base
+    if container is not None:
+        container.stop()
+
+
+@pytest.fixture
+def namespace(request: pytest.FixtureRequest) -> str:
+    name = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower())[:40].strip("-")
+    return f"t-{name}-{uuid.uuid4().hex[:6]}"
+
+
+@pytest.fixture
+def settings(amqp_url: str, namespace: str, tmp_path: Path) -> Settings:
+    """Settings for one test: its own namespace and store, short delay tiers and timeouts."""
+    return Settings(
+        amqp_url=amqp_url,
+        namespace=namespace,
+        data_dir=tmp_path / "data",
+        retry_delays=(0.2, 0.5, 1.0),
+        rate=20.0,
+        permit_ttl=10.0,
+        max_attempts=3,
+        connect_timeout=2.0,
+        read_timeout=2.0,
+        total_timeout=3.0,
+        rpc_timeout=2.0,
+        shutdown_grace=3.0,
+        publish_timeout=5.0,
+    )
+
+
+def service_env(settings: Settings, **extra: str) -> dict[str, str]:
+    """The environment for service processes run with these settings."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HUTCH_")}
+    for name, value in settings.model_dump().items():
+        if value is None:
+            continue
+        if isinstance(value, tuple):
+            value = ",".join(str(v) for v in value)
+        env[f"HUTCH_{name.upper()}"] = str(value)
+    env.update(extra)
+    return env
+
+
+@pytest.fixture
+async def sandbox() -> AsyncIterator[object]:
+    from hutch.sandbox import Sandbox, load_config
+
+    config_path = Path(__file__).parent / "sandbox-e2e.yaml"
+    async with Sandbox(load_config(config_path if config_path.exists() else None)) as box:
+        yield box

@@ -1,0 +1,65 @@
+"""End-to-end fixtures: the sandbox in this process, the five services as child processes."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from hutch.sandbox import Sandbox, load_config
+from hutch.services.control.supervisor import Supervisor
+from hutch.settings import Settings
+from hutch.store import JobCounts, Store
+
+from ..conftest import service_env
+
+HERE = Path(__file__).parent
+
+
+@pytest.fixture
+async def sandbox() -> AsyncIterator[Sandbox]:
+    async with Sandbox(load_config(HERE / "sandbox.yaml")) as box:
+        yield box
+
+
+class Services:
+    """The five services for one test, with the store they write to."""
+
+    def __init__(self, settings: Settings, supervisor: Supervisor) -> None:
+        self.settings = settings
+        self.supervisor = supervisor
+
+    def counts(self, job: str) -> JobCounts:
+        store = Store(self.settings.store_location)
+        try:
+            found = store.counts(job)
+        finally:
+            store.close()
+        return found[0] if found else JobCounts(job, 0, 0, 0, 0, 0)
+
+    async def wait_for(self, job: str, predicate, timeout: float) -> JobCounts:  # type: ignore[no-untyped-def]
+        deadline = time.monotonic() + timeout
+        while True:
+            counts = self.counts(job)
+            if predicate(counts):
+                return counts
+            if time.monotonic() > deadline:
+                raise AssertionError(f"job {job} not there after {timeout:.0f}s: {counts}")
+            await asyncio.sleep(0.25)
+
+    async def wait_done(self, job: str, timeout: float = 120.0) -> JobCounts:
+        return await self.wait_for(job, lambda c: c.total > 0 and c.pending == 0, timeout)
+
+
+@pytest.fixture
+async def services(settings: Settings) -> AsyncIterator[Services]:
+    supervisor = Supervisor(service_env(settings), fetchers=1, grace=settings.shutdown_grace)
+    await supervisor.start()
+    try:
+        await supervisor.wait_ready(timeout=60)
+        yield Services(settings, supervisor)
+    finally:
+        await supervisor.stop()

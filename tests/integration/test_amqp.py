@@ -1,0 +1,175 @@
+"""The AMQP layer and the topology against a real RabbitMQ: what cannot be faked faithfully."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from aio_pika.abc import AbstractIncomingMessage
+
+from hutch.amqp import Broker, Dead, PublishFailed, RpcClient, declare_queue, serve_rpc
+from hutch.domains import routing_key
+from hutch.models import DeadLetter, Lease, LeaseRequest, Task, decode, task_id
+from hutch.settings import Settings
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def make_task(url: str = "http://127.0.0.1:9/page/1", domain: str = "127.0.0.1:9") -> Task:
+    return Task(id=task_id("job", url), job="job", url=url, domain=domain)
+
+
+async def get_one(broker: Broker, queue: str, timeout: float = 5.0) -> AbstractIncomingMessage:
+    channel = await broker.channel()
+    q = await channel.get_queue(queue, ensure=False)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        message = await q.get(fail=False, no_ack=True)
+        if message is not None:
+            return message
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"nothing arrived on {queue} within {timeout}s")
+
+
+async def depth(broker: Broker, queue: str) -> int:
+    channel = await broker.channel()
+    declared = await channel.declare_queue(queue, passive=True)
+    await channel.close()
+    return declared.declaration_result.message_count or 0
+
+
+@pytest.fixture
+async def broker(settings: Settings):
+    b = await Broker(settings, "test").connect()
+    yield b
+    await b.close()
+
+
+async def test_publish_to_a_key_nothing_is_bound_to_raises_publish_failed(broker: Broker) -> None:
+    with pytest.raises(PublishFailed, match="unroutable"):
+        await broker.publish(broker.topology.work, "no-such-queue", make_task())
+
+
+async def test_task_for_an_unknown_domain_falls_through_to_unrouted(broker: Broker) -> None:
+    task = make_task()
+    await broker.publish(broker.topology.frontier, routing_key(task.domain), task)
+    message = await get_one(broker, broker.topology.unrouted)
+    assert message.routing_key == "d.127.0.0.1:9"
+    assert decode(message.body, Task).id == task.id
+
+
+async def test_retry_tier_dead_letters_back_into_the_tasks_own_domain_queue(broker: Broker) -> None:
+    topology = broker.topology
+    channel = await broker.channel()
+    await declare_queue(channel, topology.domain_queue("127.0.0.1:9"))
+    await declare_queue(channel, topology.domain_queue("127.0.0.1:10"))
+    task = make_task()
+    started = time.monotonic()
+    await broker.publish(topology.tier_exchange(0.5), routing_key(task.domain), task)
+    assert await depth(broker, topology.domain_queue("127.0.0.1:9").name) == 0
+    message = await get_one(broker, topology.domain_queue("127.0.0.1:9").name, timeout=5)
+    assert time.monotonic() - started >= 0.4
+    assert decode(message.body, Task).id == task.id
+    assert await depth(broker, topology.domain_queue("127.0.0.1:10").name) == 0
+
+
+async def test_handler_that_returns_gets_its_message_acked(broker: Broker) -> None:
+    seen: list[str] = []
+
+    async def handler(task: Task, _: AbstractIncomingMessage) -> None:
+        seen.append(task.id)
+
+    await broker.consume(broker.topology.parse, Task, handler, stage="test")
+    await broker.publish(broker.topology.work, "parse", make_task())
+    for _ in range(100):
+        if seen:
+            break
+        await asyncio.sleep(0.05)
+    await broker.stop_consuming()
+    await broker.drain(2)
+    assert len(seen) == 1
+    assert await depth(broker, broker.topology.parse) == 0
+
+
+async def test_undecodable_message_goes_dead_with_reason_decode_and_is_not_redelivered(
+    broker: Broker,
+) -> None:
+    calls = 0
+
+    async def handler(task: Task, _: AbstractIncomingMessage) -> None:
+        nonlocal calls
+        calls += 1
+
+    await broker.consume(broker.topology.parse, Task, handler, stage="parse")
+    await broker.publish(broker.topology.work, "parse", b'{"v": 7, "nonsense": true}')
+    letter = decode((await get_one(broker, broker.topology.dlq)).body, DeadLetter)
+    assert letter.reason == "decode"
+    assert letter.stage == "parse"
+    assert letter.raw is not None and "nonsense" in letter.raw
+    assert calls == 0
+    await asyncio.sleep(0.3)
+    assert await depth(broker, broker.topology.parse) == 0
+
+
+async def test_handler_raising_dead_sends_the_task_to_both_dlq_and_ledger(broker: Broker) -> None:
+    async def handler(task: Task, _: AbstractIncomingMessage) -> None:
+        raise Dead("not_found", "HTTP 404")
+
+    await broker.consume(broker.topology.parse, Task, handler, stage="fetch")
+    task = make_task()
+    await broker.publish(broker.topology.work, "parse", task)
+    for queue in (broker.topology.dlq, broker.topology.ledger):
+        letter = decode((await get_one(broker, queue)).body, DeadLetter)
+        assert (letter.reason, letter.stage, letter.detail) == ("not_found", "fetch", "HTTP 404")
+        assert letter.task is not None and letter.task.id == task.id
+
+
+async def test_handler_crashing_twice_is_dead_lettered_instead_of_looping(broker: Broker) -> None:
+    calls = 0
+
+    async def handler(task: Task, _: AbstractIncomingMessage) -> None:
+        nonlocal calls
+        calls += 1
+        raise RuntimeError("boom")
+
+    await broker.consume(broker.topology.parse, Task, handler, stage="parse")
+    await broker.publish(broker.topology.work, "parse", make_task())
+    letter = decode((await get_one(broker, broker.topology.dlq)).body, DeadLetter)
+    assert letter.reason == "error"
+    assert "RuntimeError: boom" in letter.detail
+    assert calls == 2
+
+
+async def test_rpc_answers_many_concurrent_calls_by_correlation(broker: Broker) -> None:
+    async def answer(request: LeaseRequest) -> Lease:
+        await asyncio.sleep(0.01)
+        return Lease(proxy_id=f"px-{request.task_id}", tier="datacenter")
+
+    await serve_rpc(broker, broker.topology.rpc_proxy, LeaseRequest, answer)
+    client = await RpcClient(broker).start()
+    leases = await asyncio.gather(
+        *(
+            client.call(
+                broker.topology.rpc_proxy,
+                LeaseRequest(task_id=str(i), domain="d"),
+                Lease,
+                timeout=5,
+            )
+            for i in range(50)
+        )
+    )
+    assert [lease.proxy_id for lease in leases] == [f"px-{i}" for i in range(50)]
+
+
+async def test_rpc_call_with_no_server_times_out(broker: Broker) -> None:
+    client = await RpcClient(broker).start()
+    with pytest.raises(asyncio.TimeoutError):
+        await client.call(
+            broker.topology.rpc_proxy, LeaseRequest(task_id="x", domain="d"), Lease, timeout=0.5
+        )
+
+
+async def test_declaring_the_topology_twice_is_harmless(broker: Broker) -> None:
+    await broker.declare_topology()
+    await broker.declare_topology()
