@@ -7,6 +7,7 @@ builds it once in `main` and passes it down; nothing reads the environment at im
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Literal
 from urllib.parse import urlsplit, urlunsplit
@@ -104,6 +105,17 @@ class Settings(BaseSettings):
     @property
     def safe_amqp_url(self) -> str:
         return redact_url(self.amqp_url)
+
+    def to_env(self, base: Mapping[str, str]) -> dict[str, str]:
+        """`base` with every HUTCH_ variable replaced by these settings: a child's environment."""
+        env = {k: v for k, v in base.items() if not k.startswith("HUTCH_")}
+        for name, value in self.model_dump().items():
+            if value is None:
+                continue
+            if isinstance(value, tuple):
+                value = ",".join(str(v) for v in value)
+            env[f"HUTCH_{name.upper()}"] = str(value)
+        return env
 
 
 def redact_url(url: str) -> str:

@@ -15,7 +15,7 @@ import shutil
 import socket
 import subprocess
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import quote, urlsplit, urlunsplit
 
@@ -105,21 +105,4 @@ def settings(amqp_url: str, namespace: str, tmp_path: Path) -> Settings:
 
 def service_env(settings: Settings, **extra: str) -> dict[str, str]:
     """The environment for service processes run with these settings."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HUTCH_")}
-    for name, value in settings.model_dump().items():
-        if value is None:
-            continue
-        if isinstance(value, tuple):
-            value = ",".join(str(v) for v in value)
-        env[f"HUTCH_{name.upper()}"] = str(value)
-    env.update(extra)
-    return env
-
-
-@pytest.fixture
-async def sandbox() -> AsyncIterator[object]:
-    from hutch.sandbox import Sandbox, load_config
-
-    config_path = Path(__file__).parent / "sandbox-e2e.yaml"
-    async with Sandbox(load_config(config_path if config_path.exists() else None)) as box:
-        yield box
+    return {**settings.to_env(os.environ), **extra}

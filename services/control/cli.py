@@ -249,45 +249,44 @@ async def cmd_up(args: argparse.Namespace) -> int:
     return 0
 
 
-async def cmd_run(args: argparse.Namespace) -> int:
-    overrides: dict[str, Any] = {"rate": args.rate, "proxy_file": args.proxies}
-    settings = _settings(**overrides)
-    path = Path(args.urls_file)
-    spec = _load_spec(args.spec)
-    if args.proxies:
-        try:
-            load_pool(args.proxies)
-        except PoolError as exc:
-            raise UserError(str(exc)) from None
-    _check_urls(path, args.skip_invalid)
-    job = args.job or _default_job(path)
+async def run_job(
+    settings: Settings,
+    path: Path,
+    job: str,
+    spec: Spec | None,
+    *,
+    fetchers: int = 1,
+    attach: bool = False,
+    timeout: float | None = None,
+    out: Path | None = None,
+    verbose: bool = False,
+) -> JobCounts:
+    """Start the services (unless attaching), submit, wait with a progress bar, export."""
     broker = await _connect(settings)
     supervisor: Supervisor | None = None
     store = await AsyncStore(settings.store_location).open()
     progress = Progress()
     try:
         running = await _services_running(broker)
-        if args.attach and not running:
+        if attach and not running:
             raise UserError("--attach given but no services run in this namespace; start them with `hutch up`")
-        if not args.attach:
+        if not attach:
             if running:
                 raise UserError(
-                    f"services already run in namespace {settings.namespace!r} ({running} fetcher consumers); "
-                    "use --attach to submit to them, or stop them first"
+                    f"services already run in namespace {settings.namespace!r} "
+                    f"({running} fetcher consumers); use --attach to submit to them, or stop them first"
                 )
-            env = dict(os.environ)
-            env["HUTCH_RATE"] = str(settings.rate)
-            if settings.proxy_file:
-                env["HUTCH_PROXY_FILE"] = str(settings.proxy_file)
             supervisor = Supervisor(
-                env, fetchers=args.fetchers, out=sys.stderr if args.verbose else None,
+                settings.to_env(os.environ),
+                fetchers=fetchers,
+                out=sys.stderr if verbose else None,
                 grace=settings.shutdown_grace,
             )
             await supervisor.start()
             await supervisor.wait_ready(timeout=60)
         result = await submit(broker, store, job, valid_urls(path), spec)
         print(f"job {job}: {result.published} tasks submitted", file=sys.stderr)
-        deadline = time.monotonic() + args.timeout if args.timeout else None
+        deadline = time.monotonic() + timeout if timeout else None
         while True:
             counts = await _job_counts(store, job)
             progress.show(counts)
@@ -300,11 +299,35 @@ async def cmd_run(args: argparse.Namespace) -> int:
             await supervisor.stop()
         await store.close()
         await broker.close()
-    out = Path(args.out) if args.out else settings.data_dir / f"{job}.jsonl"
+    out = out or settings.data_dir / f"{job}.jsonl"
     out.parent.mkdir(parents=True, exist_ok=True)
     exported = _export(settings.store_location, job, out)
     print(f"items: {exported} in {out}", file=sys.stderr)
     print(_counts_line(counts))
+    return counts
+
+
+async def cmd_run(args: argparse.Namespace) -> int:
+    settings = _settings(rate=args.rate, proxy_file=args.proxies)
+    path = Path(args.urls_file)
+    spec = _load_spec(args.spec)
+    if args.proxies:
+        try:
+            load_pool(args.proxies)
+        except PoolError as exc:
+            raise UserError(str(exc)) from None
+    _check_urls(path, args.skip_invalid)
+    counts = await run_job(
+        settings,
+        path,
+        args.job or _default_job(path),
+        spec,
+        fetchers=args.fetchers,
+        attach=args.attach,
+        timeout=args.timeout,
+        out=Path(args.out) if args.out else None,
+        verbose=args.verbose,
+    )
     return 0 if counts.pending == 0 else 1
 
 
