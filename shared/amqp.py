@@ -35,12 +35,11 @@ from aio_pika.abc import (
     AbstractRobustConnection,
 )
 from aio_pika.exceptions import AMQPError, DeliveryError, PublishError
-from opentelemetry import trace
-
 from hutch import telemetry
 from hutch.models import DeadLetter, DecodeError, Model, Task, decode, encode
 from hutch.settings import Settings
 from hutch.topology import QueueSpec, Topology
+from opentelemetry import trace
 
 log = logging.getLogger(__name__)
 M = TypeVar("M", bound=Model)
@@ -69,6 +68,17 @@ class Requeue(Exception):
 
 
 Handler = Callable[[M, AbstractIncomingMessage], Awaitable[None]]
+
+
+def task_id_of(body: object) -> str | None:
+    """The id of the task a message is about, for span attributes and logs."""
+    if isinstance(body, Task):
+        return body.id
+    task = getattr(body, "task", None)
+    if isinstance(task, Task):
+        return task.id
+    found = getattr(body, "task_id", None)
+    return found if isinstance(found, str) else None
 
 
 def topology_for(settings: Settings) -> Topology:
@@ -123,7 +133,7 @@ class Broker:
                 client_properties={"connection_name": f"hutch-{self.name}"},
                 timeout=timeout,
             )
-        except (OSError, AMQPError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, OSError, AMQPError) as exc:
             raise BrokerUnreachable(
                 f"cannot reach RabbitMQ at {self.settings.safe_amqp_url}: "
                 f"{type(exc).__name__}: {exc}".rstrip(": ")
@@ -170,7 +180,7 @@ class Broker:
         try:
             await asyncio.wait_for(self._idle.wait(), grace)
             return True
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return False
 
     async def close(self) -> None:
@@ -218,7 +228,10 @@ class Broker:
                 "messaging.rabbitmq.destination.routing_key": routing_key,
                 "hutch.message.type": kind,
             },
-        ):
+        ) as span:
+            about = task_id_of(body)
+            if about is not None:
+                span.set_attribute("hutch.task.id", about)
             all_headers: dict[str, Any] = dict(headers or {})
             telemetry.inject(all_headers)
             message = aio_pika.Message(
@@ -250,7 +263,7 @@ class Broker:
                 raise PublishFailed(f"unroutable: {exchange} {routing_key!r}: {exc}") from None
             except DeliveryError as exc:
                 raise PublishFailed(f"nacked by the broker: {exchange} {routing_key!r}: {exc}") from None
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 raise PublishFailed(f"no confirm within {self.settings.publish_timeout}s") from None
             except (AMQPError, ConnectionError, RuntimeError) as exc:
                 raise PublishFailed(f"{type(exc).__name__}: {exc}") from None
@@ -341,6 +354,9 @@ class Broker:
                 span.set_attribute("hutch.outcome", "decode")
                 await self._dead_then_ack(message, stage, "decode", str(exc), None, queue)
                 return
+            about = task_id_of(payload)
+            if about is not None:
+                span.set_attribute("hutch.task.id", about)
             try:
                 await handler(payload, message)
             except Dead as dead:

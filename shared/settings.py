@@ -7,6 +7,7 @@ builds it once in `main` and passes it down; nothing reads the environment at im
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Literal
@@ -94,8 +95,8 @@ class Settings(BaseSettings):
     @field_validator("retry_delays")
     @classmethod
     def _sorted_delays(cls, value: tuple[float, ...]) -> tuple[float, ...]:
-        if not value or any(delay <= 0 for delay in value):
-            raise ValueError("retry_delays needs at least one positive delay")
+        if not value or any(not math.isfinite(delay) or delay <= 0 for delay in value):
+            raise ValueError("retry_delays needs at least one positive delay, all finite")
         return tuple(sorted(set(value)))
 
     @property
@@ -123,8 +124,6 @@ def redact_url(url: str) -> str:
     parts = urlsplit(url)
     if parts.password is None:
         return url
-    host = parts.hostname or ""
-    if parts.port:
-        host = f"{host}:{parts.port}"
+    host = parts.netloc.rpartition("@")[2]  # keeps IPv6 brackets and the port as written
     netloc = f"{parts.username}:***@{host}" if parts.username else host
     return urlunsplit(parts._replace(netloc=netloc))

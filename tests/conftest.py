@@ -20,7 +20,6 @@ from pathlib import Path
 from urllib.parse import quote, urlsplit, urlunsplit
 
 import pytest
-
 from hutch.settings import Settings
 
 DEFAULT_URL = "amqp://guest:guest@127.0.0.1:5672/"

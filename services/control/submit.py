@@ -45,7 +45,7 @@ class Submitted:
 
 def _lines(path: Path) -> Iterator[tuple[int, str]]:
     try:
-        with path.open(encoding="utf-8") as handle:
+        with path.open(encoding="utf-8-sig") as handle:  # a BOM from a Windows editor is fine
             for number, line in enumerate(handle, 1):
                 text = line.strip()
                 if text and not text.startswith("#"):

@@ -75,7 +75,7 @@ class Supervisor:
     async def wait_ready(self, timeout: float = 30.0) -> None:
         """Wait until every child has connected and started consuming."""
         waits = [asyncio.create_task(c.ready.wait()) for c in self.children]
-        done, pending = await asyncio.wait(waits, timeout=timeout)
+        _, pending = await asyncio.wait(waits, timeout=timeout)
         for task in pending:
             task.cancel()
         if pending:
@@ -154,7 +154,7 @@ class Supervisor:
             with contextlib.suppress(ProcessLookupError):
                 process.send_signal(signal.SIGTERM)
         if alive:
-            _, pending = await asyncio.wait(
+            await asyncio.wait(
                 [asyncio.create_task(p.wait()) for p in alive], timeout=self.grace + 5
             )
             for process in alive:

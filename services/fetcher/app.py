@@ -16,7 +16,6 @@ import time
 
 import httpx
 from aio_pika.abc import AbstractIncomingMessage
-
 from hutch.amqp import RpcClient
 from hutch.domains import routing_key
 from hutch.models import Attempt, Event, Lease, LeaseRequest, Page, Task
@@ -73,7 +72,7 @@ class Fetcher(Service):
                 return await self.rpc.call(
                     self.broker.topology.rpc_proxy, request, Lease, self.settings.rpc_timeout
                 )
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 if time.time() + self.settings.rpc_timeout >= task.permit.expires:
                     raise LeaseUnavailable("proxy-manager did not answer") from None
                 log.warning("proxy-manager did not answer a lease request; asking again")

@@ -14,7 +14,6 @@ import email.utils
 import time
 
 import httpx
-
 from hutch.services.fetcher.policy import FetchResult, outcome_of_status
 
 
@@ -47,7 +46,7 @@ def parse_retry_after(value: str | None, now: float) -> float | None:
     if not value:
         return None
     value = value.strip()
-    if value.isdigit():
+    if value.isascii() and value.isdigit():
         return float(value)
     try:
         when = email.utils.parsedate_to_datetime(value)

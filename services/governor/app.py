@@ -24,7 +24,6 @@ import uuid
 from dataclasses import dataclass
 
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
-
 from hutch.amqp import Consumer, Requeue, declare_queue
 from hutch.domains import domain_from_routing_key, routing_key
 from hutch.models import DomainRecord, Event, Permit, Task

@@ -19,10 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from hutch.models import FieldRule, Spec
 from parsel import Selector
 from parsel.csstranslator import HTMLTranslator
-
-from hutch.models import FieldRule, Spec
 
 DEFAULT_FIELDS = ("url", "status", "title")
 _TRANSLATOR = HTMLTranslator()
@@ -39,7 +38,9 @@ def _rule(name: str, value: Any) -> FieldRule:
         kinds = [kind for kind in ("css", "xpath") if kind in value]
         if extra or len(kinds) != 1:
             raise SpecError(f"field {name!r}: give exactly one of css: or xpath: (and optionally many:)")
-        kind, expr, many = kinds[0], value[kinds[0]], bool(value.get("many", False))
+        kind, expr, many = kinds[0], value[kinds[0]], value.get("many", False)
+        if not isinstance(many, bool):
+            raise SpecError(f"field {name!r}: many: must be true or false, got {many!r}")
     elif isinstance(value, str):
         kind, sep, expr = value.partition(":")
         if not sep or kind not in ("css", "xpath"):
@@ -77,6 +78,8 @@ def load_spec(path: str | Path) -> Spec:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise SpecError(f"cannot read spec {path}: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise SpecError(f"{path} is not UTF-8 text: {exc.reason} at byte {exc.start}") from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:

@@ -49,6 +49,10 @@ def parse_pool(text: str, source: str = "proxy file") -> list[Proxy]:
         if len(words) > 2:
             raise PoolError(f"{source} line {number}: expected 'URL [tier]'")
         parts = urlsplit(url)
+        try:
+            _ = parts.port
+        except ValueError:
+            raise PoolError(f"{source} line {number}: bad port in proxy URL") from None
         if parts.scheme not in ("http", "https", "socks5") or not parts.hostname:
             raise PoolError(f"{source} line {number}: not a proxy URL (http://host:port)")
         if tier not in TIERS:

@@ -1,0 +1,202 @@
+"""Job specs: both field forms, and every way a broken spec is refused before a submit."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from hutch.models import FieldRule
+from hutch.services.parser.spec import SpecError, load_spec, parse_spec
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "spec.yaml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+# -- accepted forms ------------------------------------------------------------------------------
+
+
+def test_the_string_form_gives_a_first_match_rule_of_its_kind() -> None:
+    spec = parse_spec(
+        {"fields": {"title": "css:title::text", "price": "xpath://span[@class='price']/text()"}}
+    )
+    assert spec.fields["title"] == FieldRule(kind="css", expr="title::text", many=False)
+    assert spec.fields["price"] == FieldRule(kind="xpath", expr="//span[@class='price']/text()", many=False)
+
+
+def test_only_the_first_colon_separates_the_kind_from_the_expression() -> None:
+    spec = parse_spec({"fields": {"href": "css:a::attr(href)"}})
+    assert spec.fields["href"].expr == "a::attr(href)"
+
+
+def test_the_mapping_form_with_many_true_gives_a_list_rule() -> None:
+    spec = parse_spec({"fields": {"links": {"css": "a::attr(href)", "many": True}}})
+    assert spec.fields["links"] == FieldRule(kind="css", expr="a::attr(href)", many=True)
+
+
+def test_the_mapping_form_without_many_gives_a_first_match_rule() -> None:
+    spec = parse_spec({"fields": {"h": {"xpath": "//h1/text()"}}})
+    assert spec.fields["h"] == FieldRule(kind="xpath", expr="//h1/text()", many=False)
+
+
+def test_the_mapping_form_with_many_false_gives_a_first_match_rule() -> None:
+    assert parse_spec({"fields": {"h": {"css": "h1", "many": False}}}).fields["h"].many is False
+
+
+def test_field_order_is_kept() -> None:
+    spec = parse_spec({"fields": {"z": "css:z", "a": "css:a", "m": "css:m"}})
+    assert list(spec.fields) == ["z", "a", "m"]
+
+
+def test_field_names_are_turned_into_strings() -> None:
+    spec = parse_spec({"fields": {2024: "css:h1"}})
+    assert list(spec.fields) == ["2024"]
+
+
+def test_a_yaml_file_with_both_forms_loads(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        'fields:\n  title: "css:title::text"\n'
+        "  price: \"xpath://span[@class='price']/text()\"\n"
+        '  links: {css: "a::attr(href)", many: true}\n',
+    )
+    spec = load_spec(path)
+    assert list(spec.fields) == ["title", "price", "links"]
+    assert spec.fields["links"].many is True
+    assert spec.fields["price"].kind == "xpath"
+
+
+def test_load_spec_accepts_a_string_path(tmp_path: Path) -> None:
+    path = write(tmp_path, 'fields:\n  t: "css:title"\n')
+    assert load_spec(str(path)).fields["t"].expr == "title"
+
+
+# -- refused selectors ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", ["regex:\\d+", "CSS:title", "title::text", "jsonpath:$.a", ":title"])
+def test_an_unknown_selector_kind_is_refused_with_the_field_name(value: str) -> None:
+    with pytest.raises(SpecError, match=r"field 'price'.*unknown selector kind"):
+        parse_spec({"fields": {"price": value}})
+
+
+def test_a_broken_css_selector_is_refused_with_the_field_name() -> None:
+    with pytest.raises(SpecError, match="field 'title': broken css selector"):
+        parse_spec({"fields": {"title": "css:div[class="}})
+
+
+def test_an_unknown_css_pseudo_element_is_refused() -> None:
+    with pytest.raises(SpecError, match="field 'x': broken css"):
+        parse_spec({"fields": {"x": "css:a::nonsense"}})
+
+
+def test_a_broken_xpath_is_refused_with_the_field_name() -> None:
+    with pytest.raises(SpecError, match="field 'price': broken xpath selector"):
+        parse_spec({"fields": {"price": "xpath://span[@class='price'"}})
+
+
+def test_an_xpath_calling_an_unknown_function_is_refused() -> None:
+    with pytest.raises(SpecError, match="field 'n': broken xpath"):
+        parse_spec({"fields": {"n": "xpath:no-such-function(//a)"}})
+
+
+def test_a_broken_selector_in_the_mapping_form_is_refused_too() -> None:
+    with pytest.raises(SpecError, match="field 'links': broken css"):
+        parse_spec({"fields": {"links": {"css": "a[", "many": True}}})
+
+
+@pytest.mark.parametrize("value", ["css:", "xpath:   ", {"css": ""}, {"xpath": " "}, {"css": None}])
+def test_an_empty_selector_is_refused(value: object) -> None:
+    with pytest.raises(SpecError, match="field 'f': empty selector"):
+        parse_spec({"fields": {"f": value}})
+
+
+@pytest.mark.parametrize(
+    "value",
+    [{"css": "a", "xpath": "//a"}, {"many": True}, {}, {"css": "a", "multiple": True}],
+)
+def test_a_mapping_needs_exactly_one_kind_and_nothing_unknown(value: dict[str, object]) -> None:
+    with pytest.raises(SpecError, match="field 'f': give exactly one of css: or xpath:"):
+        parse_spec({"fields": {"f": value}})
+
+
+@pytest.mark.parametrize("value", [42, None, ["css:a"], True])
+def test_a_field_that_is_neither_a_string_nor_a_mapping_is_refused(value: object) -> None:
+    with pytest.raises(SpecError, match=re.escape("field 'f': expected 'css:...' or 'xpath:...'")):
+        parse_spec({"fields": {"f": value}})
+
+
+@pytest.mark.parametrize("many", ["false", "no", "0"])
+def test_a_string_many_that_says_false_does_not_give_a_list(many: str) -> None:
+    try:
+        rule = parse_spec({"fields": {"f": {"css": "a", "many": many}}}).fields["f"]
+    except SpecError:
+        return  # refusing it is fine too
+    assert rule.many is False
+
+
+# -- refused documents ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "data",
+    [None, [], "fields", {}, {"fields": {}}, {"fields": None}, {"fields": ["css:a"]}, {"other": {}}],
+)
+def test_a_spec_without_a_non_empty_fields_mapping_is_refused(data: object) -> None:
+    with pytest.raises(SpecError, match="non-empty 'fields:' mapping"):
+        parse_spec(data, "job.yaml")
+
+
+def test_unknown_top_level_keys_are_refused() -> None:
+    with pytest.raises(SpecError, match=r"unknown keys \['follow', 'limit'\]"):
+        parse_spec({"fields": {"t": "css:title"}, "limit": 5, "follow": True})
+
+
+def test_the_error_names_the_source_and_the_field() -> None:
+    with pytest.raises(SpecError) as info:
+        parse_spec({"fields": {"ok": "css:title", "bad": "css:a["}}, "jobs/books.yaml")
+    message = str(info.value)
+    assert message.startswith("jobs/books.yaml: field 'bad'")
+
+
+def test_invalid_yaml_is_refused_with_the_file_name(tmp_path: Path) -> None:
+    path = write(tmp_path, "fields:\n  title: [unclosed\n")
+    with pytest.raises(SpecError, match=re.escape(f"{path}: not valid YAML")):
+        load_spec(path)
+
+
+def test_a_tab_indented_yaml_file_is_refused(tmp_path: Path) -> None:
+    path = write(tmp_path, "fields:\n\ttitle: css:title\n")
+    with pytest.raises(SpecError, match="not valid YAML"):
+        load_spec(path)
+
+
+def test_an_empty_file_is_refused(tmp_path: Path) -> None:
+    path = write(tmp_path, "")
+    with pytest.raises(SpecError, match="non-empty 'fields:' mapping"):
+        load_spec(path)
+
+
+def test_a_broken_selector_in_a_file_names_the_file(tmp_path: Path) -> None:
+    path = write(tmp_path, 'fields:\n  price: "xpath://span["\n')
+    with pytest.raises(SpecError, match=re.escape(f"{path}: field 'price': broken xpath")):
+        load_spec(path)
+
+
+def test_a_missing_file_is_refused_with_a_spec_error(tmp_path: Path) -> None:
+    with pytest.raises(SpecError, match="cannot read spec"):
+        load_spec(tmp_path / "absent.yaml")
+
+
+def test_a_file_that_is_not_utf8_is_refused_with_a_spec_error(tmp_path: Path) -> None:
+    path = tmp_path / "spec.yaml"
+    path.write_bytes('fields:\n  t: "css:p.café"\n'.encode("latin-1"))
+    with pytest.raises(SpecError, match=re.escape("spec.yaml")):
+        load_spec(path)
+
+
+def test_spec_error_is_a_value_error() -> None:
+    assert issubclass(SpecError, ValueError)

@@ -1,0 +1,110 @@
+"""Checking a URL file before a submit: line numbers, skipped lines, comments and encodings.
+
+Only `check_urls` (and the `valid_urls` reader it pairs with) are tested: `submit` needs a broker.
+"""
+
+from __future__ import annotations
+
+import codecs
+from pathlib import Path
+
+import pytest
+from hutch.services.control.submit import UrlFileError, check_urls, valid_urls
+
+
+def url_file(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "urls.txt"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_every_valid_url_is_counted(tmp_path: Path) -> None:
+    path = url_file(tmp_path, "http://a.example/1\nhttps://b.example/2\nhttp://127.0.0.1:8001/3\n")
+    checked = check_urls(path)
+    assert checked.valid == 3
+    assert checked.skipped == []
+
+
+def test_blank_lines_and_comments_are_ignored(tmp_path: Path) -> None:
+    path = url_file(tmp_path, "# my job\n\nhttp://a.example/1\n   \n  # indented comment\nhttp://a.example/2")
+    assert check_urls(path).valid == 2
+
+
+def test_surrounding_white_space_on_a_line_is_ignored(tmp_path: Path) -> None:
+    path = url_file(tmp_path, "   http://a.example/1\t \r\n")
+    assert check_urls(path).valid == 1
+
+
+def test_an_invalid_line_refuses_the_file_with_its_line_number(tmp_path: Path) -> None:
+    path = url_file(tmp_path, "# header\nhttp://a.example/1\n\nftp://b.example/2\nnot a url\n")
+    with pytest.raises(UrlFileError, match=r"urls.txt line 4: not an http or https URL: 'ftp://b.example/2'"):
+        check_urls(path)
+
+
+@pytest.mark.parametrize(
+    ("line", "why"),
+    [
+        ("http://a b.example/", "white space"),
+        ("http:///nohost", "no host"),
+        ("http://a.example:99999/", "malformed"),
+    ],
+)
+def test_the_refusal_says_why_the_line_is_invalid(tmp_path: Path, line: str, why: str) -> None:
+    path = url_file(tmp_path, f"http://ok.example/\n{line}\n")
+    with pytest.raises(UrlFileError, match=f"line 2: .*{why}"):
+        check_urls(path)
+
+
+def test_skip_invalid_collects_the_skipped_lines_with_number_text_and_reason(tmp_path: Path) -> None:
+    path = url_file(
+        tmp_path, "http://a.example/1\nftp://b.example/\n# comment\nhttp://c.example/3\nhttp:///x\n"
+    )
+    checked = check_urls(path, skip_invalid=True)
+    assert checked.valid == 2
+    assert [(number, text) for number, text, _ in checked.skipped] == [
+        (2, "ftp://b.example/"),
+        (5, "http:///x"),
+    ]
+    assert "not an http or https URL" in checked.skipped[0][2]
+    assert "no host" in checked.skipped[1][2]
+
+
+@pytest.mark.parametrize("text", ["", "\n\n", "# only comments\n  # and more\n"])
+def test_a_file_without_any_url_is_refused(tmp_path: Path, text: str) -> None:
+    with pytest.raises(UrlFileError, match="holds no valid URL"):
+        check_urls(url_file(tmp_path, text))
+
+
+def test_a_file_whose_every_line_is_skipped_is_refused(tmp_path: Path) -> None:
+    path = url_file(tmp_path, "ftp://a.example/\nnope\n")
+    with pytest.raises(UrlFileError, match="holds no valid URL"):
+        check_urls(path, skip_invalid=True)
+
+
+def test_a_file_that_is_not_utf8_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "urls.txt"
+    path.write_bytes("http://a.example/1\nhttp://b.example/café\n".encode("latin-1"))
+    with pytest.raises(UrlFileError, match="is not UTF-8 text"):
+        check_urls(path)
+
+
+def test_a_missing_file_is_refused_with_a_url_file_error(tmp_path: Path) -> None:
+    with pytest.raises(UrlFileError, match="cannot read"):
+        check_urls(tmp_path / "absent.txt")
+
+
+def test_non_ascii_urls_in_a_utf8_file_are_valid(tmp_path: Path) -> None:
+    path = url_file(tmp_path, "http://bücher.example/straße\n")
+    assert check_urls(path).valid == 1
+
+
+def test_a_utf8_file_with_a_byte_order_mark_is_accepted(tmp_path: Path) -> None:
+    path = tmp_path / "urls.txt"
+    path.write_bytes(codecs.BOM_UTF8 + b"http://a.example/1\nhttp://a.example/2\n")
+    assert check_urls(path).valid == 2
+
+
+def test_valid_urls_yields_the_urls_check_urls_counted(tmp_path: Path) -> None:
+    path = url_file(tmp_path, "# c\n  http://a.example/1 \nftp://x/\n\nhttp://b.example/2\n")
+    assert list(valid_urls(path)) == ["http://a.example/1", "http://b.example/2"]
+    assert check_urls(path, skip_invalid=True).valid == 2
