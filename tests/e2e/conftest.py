@@ -54,8 +54,14 @@ class Services:
 
 
 @pytest.fixture
-async def services(settings: Settings) -> AsyncIterator[Services]:
-    supervisor = Supervisor(service_env(settings), fetchers=1, grace=settings.shutdown_grace)
+def extra_env() -> dict[str, str]:
+    """Variables added to the services' environment; a test module may override this."""
+    return {}
+
+
+@pytest.fixture
+async def services(settings: Settings, extra_env: dict[str, str]) -> AsyncIterator[Services]:
+    supervisor = Supervisor(service_env(settings, **extra_env), fetchers=1, grace=settings.shutdown_grace)
     await supervisor.start()
     try:
         await supervisor.wait_ready(timeout=60)
