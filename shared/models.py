@@ -64,6 +64,7 @@ class Attempt(Model):
     outcome: str
     status: int | None = None
     proxy_id: str | None = None
+    tier: str | None = None
     elapsed: float = 0.0
     delay: float | None = None
     spent: bool = True
@@ -90,7 +91,11 @@ class Task(Model):
     job: str
     url: str
     domain: str
+    # `robots`: the governor's fetch of a site's robots.txt; its result goes back to the
+    # governors as an event instead of to the parser.
+    purpose: Literal["page", "robots"] = "page"
     spec: Spec | None = None
+    tier_floor: str | None = None  # the cheapest proxy tier this job may use
     submitted_at: float = Field(default_factory=time.time)
     attempts: int = 0
     history: list[Attempt] = Field(default_factory=list)
@@ -141,6 +146,7 @@ class Event(Model):
 
     `released`: the governor gave the task a permit (it is now in flight).
     `outcome`: a fetcher finished an attempt; `next` says where the task went.
+    Routing keys: `released.<domain>`, `outcome.<domain>`.
     """
 
     v: Literal[1] = 1
@@ -150,12 +156,42 @@ class Event(Model):
     domain: str
     attempt: int
     at: float = Field(default_factory=time.time)
+    permit_id: str | None = None
+    fetcher: str | None = None
     outcome: str | None = None
     status: int | None = None
+    retry_after: float | None = None
     proxy_id: str | None = None
+    tier: str | None = None
+    cost: float | None = None
     elapsed: float | None = None
     next: Literal["parse", "retry", "dead", "frontier"] | None = None
     delay: float | None = None
+
+
+class FetcherHeartbeat(Model):
+    """A fetcher's free capacity, published every second on `fetcher.heartbeat`."""
+
+    v: Literal[1] = 1
+    fetcher: str
+    concurrency: int
+    busy: int
+    at: float = Field(default_factory=time.time)
+
+
+class RobotsFetched(Model):
+    """The result of a robots.txt fetch, for the governors (`robots.<domain>`).
+
+    `status` None means the site could not be reached (timeout, reset).
+    """
+
+    v: Literal[1] = 1
+    domain: str
+    url: str
+    status: int | None = None
+    text: str = ""
+    outcome: str
+    at: float = Field(default_factory=time.time)
 
 
 class DomainRecord(Model):
@@ -170,14 +206,25 @@ class LeaseRequest(Model):
     v: Literal[1] = 1
     task_id: str
     domain: str
+    job: str | None = None
+    attempt: int = 0
     exclude: list[str] = Field(default_factory=list)
+    tier_floor: str | None = None
 
 
 class Lease(Model):
-    """A proxy for one attempt; `proxy_id` None with `direct` True means no pool is configured."""
+    """A proxy for one attempt.
+
+    `direct`: no pool is configured, fetch without a proxy. Otherwise `proxy_id` and `url`
+    name the proxy; when none can be used now (all banned, dead or at their rate cap for this
+    domain) `proxy_id` is None and `retry_in` says when to ask again: the fetcher returns the
+    task without spending an attempt.
+    """
 
     v: Literal[1] = 1
     direct: bool = False
     proxy_id: str | None = None
     url: str | None = None
     tier: str | None = None
+    cost: float | None = None
+    retry_in: float | None = None

@@ -76,6 +76,8 @@ _SCHEMA = [
         outcome TEXT,
         status INTEGER,
         proxy_id TEXT,
+        tier TEXT,
+        cost REAL,
         elapsed REAL,
         next TEXT,
         delay REAL,
@@ -239,8 +241,8 @@ class Store:
                 self._transition_in_tx(event.task_id, "in_flight", None)
                 return
             self.db.execute(
-                "INSERT INTO attempts (task_id, n, at, outcome, status, proxy_id, elapsed, next, delay) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                "INSERT INTO attempts (task_id, n, at, outcome, status, proxy_id, tier, cost, elapsed, next, delay) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
                 (
                     event.task_id,
                     event.attempt,
@@ -248,6 +250,8 @@ class Store:
                     event.outcome,
                     event.status,
                     event.proxy_id,
+                    event.tier,
+                    event.cost,
                     event.elapsed,
                     event.next,
                     event.delay,

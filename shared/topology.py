@@ -15,8 +15,10 @@ Shape (see the design card):
   dead-letters into `frontier` with no dead-letter routing key, so an expired retry re-enters
   its own domain queue under its original key. No consumers: the broker holds the delay.
 - `dead` (fanout): to `dlq` (kept for inspection and replay) and `dead.ledger` (the storer).
-- `events` (topic): `released.<domain>`, `outcome.<domain>`; the storer keeps task state
-  and attempt history from them.
+- `events` (topic): `released.<domain>`, `outcome.<domain>` (the storer keeps task state
+  and attempt history from them; the proxy-manager learns proxy health from outcomes),
+  `robots.<domain>` and `fetcher.heartbeat` (for the governors, which each bind their own
+  exclusive queue: their state is in memory and rebuilt on start).
 - `rpc.proxy`: the proxy-manager's lease requests; answers go by direct reply-to.
 """
 
@@ -84,6 +86,7 @@ class Topology:
         self.ledger = p + "dead.ledger"
         self.domains = p + "domains"
         self.events_storer = p + "events.storer"
+        self.events_proxy = p + "events.proxy-manager"
         self.rpc_proxy = p + "rpc.proxy"
 
     # -- arguments -----------------------------------------------------------------
@@ -160,7 +163,14 @@ class Topology:
             QueueSpec(self.store, work, ((self.work, "store"),)),
             QueueSpec(self.dlq, plain, ((self.dead, ""),)),
             QueueSpec(self.ledger, work, ((self.dead, ""),)),
-            QueueSpec(self.events_storer, work, ((self.events, "#"),)),
+            QueueSpec(self.events_storer, work, ((self.events, "released.#"), (self.events, "outcome.#"))),
+            # Durable, so proxy health hears of outcomes across a manager restart; capped
+            # (oldest dropped), since stale health reports are worth little.
+            QueueSpec(
+                self.events_proxy,
+                {**plain, "x-max-length": 100_000},
+                ((self.events, "outcome.#"),),
+            ),
             QueueSpec(self.rpc_proxy, plain),
             QueueSpec(
                 self.domains,

@@ -276,8 +276,15 @@ def test_dead_letters_reach_both_the_dlq_and_the_ledger(classic: Topology) -> No
     assert classic.queue(classic.ledger).bindings == ((classic.dead, ""),)
 
 
-def test_the_storer_hears_every_event(classic: Topology) -> None:
-    assert classic.queue(classic.events_storer).bindings == ((classic.events, "#"),)
+def test_the_storer_hears_releases_and_outcomes_but_not_heartbeats(classic: Topology) -> None:
+    bindings = classic.queue(classic.events_storer).bindings
+    assert bindings == ((classic.events, "released.#"), (classic.events, "outcome.#"))
+
+
+def test_the_proxy_manager_hears_every_outcome_on_a_durable_queue(classic: Topology) -> None:
+    spec = classic.queue(classic.events_proxy)
+    assert spec.bindings == ((classic.events, "outcome.#"),)
+    assert "x-expires" not in spec.arguments
 
 
 def test_the_domain_registry_is_a_size_capped_stream_whatever_the_queue_type(quorum: Topology) -> None:
