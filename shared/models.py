@@ -96,6 +96,10 @@ class Task(Model):
     purpose: Literal["page", "robots"] = "page"
     spec: Spec | None = None
     tier_floor: str | None = None  # the cheapest proxy tier this job may use
+    # After a redirect the task fetches `fetch_url` (in `domain`, which follows it) while
+    # `url`, the URL submitted, stays its identity.
+    fetch_url: str | None = None
+    redirects: int = 0
     submitted_at: float = Field(default_factory=time.time)
     attempts: int = 0
     history: list[Attempt] = Field(default_factory=list)
@@ -137,6 +141,7 @@ class DeadLetter(Model):
     detail: str = ""
     at: float = Field(default_factory=time.time)
     task: Task | None = None
+    page: Page | None = None  # a page that failed to parse: replayed to the parser, not refetched
     raw: str | None = None
     queue: str | None = None
 

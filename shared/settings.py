@@ -68,8 +68,24 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(
         5 * 1024 * 1024, description="largest decoded response body accepted"
     )
-    max_redirects: int = Field(5, description="redirects followed per fetch")
+    max_redirects: int = Field(5, description="redirects followed per task, each a new attempt")
     max_attempts: int = Field(5, description="attempts a task may spend before it goes dead")
+    max_pause: float = Field(
+        600.0, description="longest site-requested wait (Retry-After) that spends no attempt"
+    )
+    default_pause: float = Field(30.0, description="wait after a 429/503 that gives no Retry-After")
+    max_throttles: int = Field(10, description="429/503 waits per task that spend no attempt")
+    max_proxy_failures: int = Field(5, description="proxy failures per task that spend no attempt")
+    policy_file: Path | None = Field(None, description="YAML overriding the failure policy and block patterns")
+    allowed_targets: Annotated[tuple[str, ...], NoDecode] = Field(
+        (), description="host:port list the SSRF guard lets through (comma separated)"
+    )
+    allow_private_networks: bool = Field(
+        False, description="fetch loopback, private and link-local addresses (no SSRF guard)"
+    )
+    resolve: Annotated[tuple[str, ...], NoDecode] = Field(
+        (), description="host:port:address entries answered before DNS, like curl --resolve"
+    )
     retry_delays: Annotated[tuple[float, ...], NoDecode] = Field(
         DEFAULT_RETRY_DELAYS, description="delay tiers in seconds, comma separated"
     )
@@ -79,8 +95,44 @@ class Settings(BaseSettings):
 
     # Proxy manager
     proxy_file: Path | None = Field(
-        None, description="proxy pool: a proxy URL a line, optional tier word after it"
+        None, description="proxy pool: `URL [tier [cost]]` a line, or YAML; reloaded when it changes"
     )
+    proxy_rate_fraction: float = Field(
+        0.5, gt=0, description="per-(proxy, domain) rate cap as a fraction of HUTCH_RATE"
+    )
+    proxy_domain_rate: float | None = Field(
+        None, gt=0, description="requests/s one proxy may send one domain; default rate x proxy_rate_fraction"
+    )
+    proxy_ban_seconds: float = Field(
+        60.0, gt=0, description="first ban of a proxy on a domain after a block; doubles with each repeat"
+    )
+    proxy_ban_max: float = Field(3600.0, gt=0, description="longest ban of a proxy on a domain")
+    proxy_dead_after: int = Field(3, ge=1, description="proxy failures in a row that mark a proxy dead")
+    proxy_probe_url: str | None = Field(
+        None, description="URL fetched through a dead proxy to bring it back; unset = retry it after a while"
+    )
+    proxy_probe_interval: float = Field(30.0, gt=0, description="seconds between probes of a dead proxy")
+    proxy_escalate_blocks: int = Field(
+        3, ge=1, description="blocks on a domain within the window that move it to a costlier tier"
+    )
+    proxy_escalate_window: float = Field(60.0, gt=0, description="seconds over which those blocks count")
+    proxy_tier_probe_interval: float = Field(
+        600.0, gt=0, description="seconds before an escalated domain tries the cheaper tier again"
+    )
+    proxy_deescalate_after: int = Field(
+        10, ge=1, description="successes in a row on the cheaper tier that bring a domain back down"
+    )
+    proxy_tier_floors: Annotated[tuple[str, ...], NoDecode] = Field(
+        (), description="domain=tier entries: the cheapest tier each domain may use (comma separated)"
+    )
+    proxy_reload_interval: float = Field(2.0, gt=0, description="seconds between checks of the proxy file")
+
+    @field_validator("proxy_tier_floors", mode="before")
+    @classmethod
+    def _split_tier_floors(cls, value: object) -> object:
+        if isinstance(value, str):
+            return tuple(part.strip() for part in value.split(",") if part.strip())
+        return value
 
     # Parser
     parse_workers: int = Field(2, description="threads that run extraction off the event loop")
@@ -90,6 +142,13 @@ class Settings(BaseSettings):
     def _split_delays(cls, value: object) -> object:
         if isinstance(value, str):
             return tuple(float(part) for part in value.split(",") if part.strip())
+        return value
+
+    @field_validator("allowed_targets", "resolve", mode="before")
+    @classmethod
+    def _split_list(cls, value: object) -> object:
+        if isinstance(value, str):
+            return tuple(part.strip() for part in value.split(",") if part.strip())
         return value
 
     @field_validator("retry_delays")

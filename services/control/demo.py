@@ -55,6 +55,8 @@ async def demo(data_dir: Path) -> int:
                 "data_dir": folder,
                 "store_url": None,
                 "proxy_file": proxies_file,
+                # The SSRF guard refuses loopback targets except the sandbox's own sites.
+                "allowed_targets": tuple(sandbox.allowed_targets()),
                 "rate": float(os.environ.get("HUTCH_RATE", "8")),
                 "retry_delays": (0.5, 1.0, 2.0, 5.0),
             }

@@ -4,27 +4,34 @@ A fetcher never decides when to hit a site: it only fetches tasks that hold a fr
 A task whose permit expired, or a redelivered one whose permit may already have been used,
 goes back to its domain queue without spending an attempt. After each attempt the task
 goes on to `parse`, to a delay tier (which dead-letters it back into its domain queue when
-the delay is over), or to the dead exchange; then an outcome event is published; only then
-is the `fetch.ready` message acked. The fetcher keeps no state, so it scales freely.
+the delay is over), straight back to a domain queue (a redirect, a failed proxy), or to the
+dead exchange; then an outcome event is published; only then is the `fetch.ready` message
+acked. The fetcher keeps no state, so it scales freely; every second it reports its free
+capacity (`fetcher.heartbeat`) so the governor issues no more permits than can be used.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import os
+import socket
 import time
 
 import httpx
 from aio_pika.abc import AbstractIncomingMessage
 from hutch.amqp import RpcClient
-from hutch.domains import routing_key
-from hutch.models import Attempt, Event, Lease, LeaseRequest, Page, Task
+from hutch.domains import InvalidURL, domain_of, routing_key
+from hutch.models import Attempt, Event, FetcherHeartbeat, Lease, LeaseRequest, Page, RobotsFetched, Task
 from hutch.service import Service
 from hutch.services.fetcher.charsets import decode_body
 from hutch.services.fetcher.fetch import fetch, make_client
-from hutch.services.fetcher.policy import Decision, FetchResult, decide
+from hutch.services.fetcher.guard import TargetGuard, parse_overrides
+from hutch.services.fetcher.policy import Decision, FetchResult, decide, load_policy
 
 log = logging.getLogger(__name__)
+HEARTBEAT = 1.0  # seconds
 
 
 class LeaseUnavailable(Exception):
@@ -35,18 +42,41 @@ class Fetcher(Service):
     name = "fetcher"
 
     async def start(self) -> None:
-        self.clients: dict[str | None, httpx.AsyncClient] = {}
-        self.rpc = await RpcClient(self.broker).start() if self.settings.use_proxy_manager else None
-        await self.broker.consume(
-            self.broker.topology.fetch_ready,
-            Task,
-            self._on_task,
-            stage="fetch",
-            prefetch=self.settings.concurrency,
+        s = self.settings
+        self.instance = f"{socket.gethostname()}-{os.getpid()}"
+        self.policy = load_policy(
+            s.policy_file,
+            max_attempts=s.max_attempts,
+            max_pause=s.max_pause,
+            default_pause=s.default_pause,
+            max_throttles=s.max_throttles,
+            max_proxy_failures=s.max_proxy_failures,
         )
+        self.guard = TargetGuard(s.allowed_targets, s.allow_private_networks, parse_overrides(s.resolve))
+        self.clients: dict[str | None, httpx.AsyncClient] = {}
+        self.busy = 0
+        self.rpc = await RpcClient(self.broker).start() if s.use_proxy_manager else None
+        await self.broker.consume(
+            self.broker.topology.fetch_ready, Task, self._on_task, stage="fetch", prefetch=s.concurrency
+        )
+        self._heartbeat = asyncio.create_task(self._beat())
 
     async def stop(self) -> None:
+        self._heartbeat.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._heartbeat
         await asyncio.gather(*(client.aclose() for client in self.clients.values()))
+
+    async def _beat(self) -> None:
+        while not self.stopping.is_set():
+            beat = FetcherHeartbeat(fetcher=self.instance, concurrency=self.settings.concurrency, busy=self.busy)
+            try:
+                await self.broker.publish(
+                    self.broker.topology.events, "fetcher.heartbeat", beat, mandatory=False, persistent=False
+                )
+            except Exception as exc:  # reconnecting; the next beat will do
+                log.debug("heartbeat not sent: %s", exc)
+            await asyncio.sleep(HEARTBEAT)
 
     def _client(self, proxy_url: str | None) -> httpx.AsyncClient:
         client = self.clients.get(proxy_url)
@@ -54,10 +84,10 @@ class Fetcher(Service):
             s = self.settings
             client = self.clients[proxy_url] = make_client(
                 proxy=proxy_url,
+                guard=self.guard,
                 user_agent=s.user_agent,
                 connect_timeout=s.connect_timeout,
                 read_timeout=s.read_timeout,
-                max_redirects=s.max_redirects,
                 max_connections=max(s.concurrency, 10),
             )
         return client
@@ -66,47 +96,88 @@ class Fetcher(Service):
         if self.rpc is None:
             return Lease(direct=True)
         assert task.permit is not None
-        request = LeaseRequest(task_id=task.id, domain=task.domain, exclude=task.failed_proxies)
+        request = LeaseRequest(
+            task_id=task.id,
+            domain=task.domain,
+            job=task.job,
+            attempt=task.attempts,
+            exclude=task.failed_proxies,
+            tier_floor=task.tier_floor,
+        )
         while True:
             try:
-                return await self.rpc.call(
-                    self.broker.topology.rpc_proxy, request, Lease, self.settings.rpc_timeout
-                )
+                return await self.rpc.call(self.broker.topology.rpc_proxy, request, Lease, self.settings.rpc_timeout)
             except TimeoutError:
+                # Never go direct behind the pool's back: wait for the manager, then give
+                # the task back unspent.
                 if time.time() + self.settings.rpc_timeout >= task.permit.expires:
                     raise LeaseUnavailable("proxy-manager did not answer") from None
                 log.warning("proxy-manager did not answer a lease request; asking again")
 
     async def _on_task(self, task: Task, message: AbstractIncomingMessage) -> None:
         if task.permit is None or task.permit.expires <= time.time():
-            await self._return(task, "permit_expired")
+            await self._back_to_frontier(task, "permit_expired")
             return
         if message.redelivered:
             # A fetcher may have died after using this permit: get a fresh one.
-            await self._return(task, "redelivered")
+            await self._back_to_frontier(task, "redelivered")
             return
+        self.busy += 1
         try:
-            lease = await self._lease(task)
-        except LeaseUnavailable:
-            await self._return(task, "no_lease")
+            try:
+                lease = await self._lease(task)
+            except LeaseUnavailable:
+                await self._back_to_frontier(task, "no_lease")
+                return
+            if not lease.direct and lease.proxy_id is None:
+                await self._no_proxy_now(task, lease)
+                return
+            result = await fetch(
+                self._client(lease.url),
+                task.fetch_url or task.url,
+                domain=task.domain,
+                guard=self.guard,
+                proxied=lease.url is not None,
+                policy=self.policy,
+                total_timeout=self.settings.total_timeout,
+                max_body_bytes=self.settings.max_body_bytes,
+            )
+        finally:
+            self.busy -= 1
+        if task.purpose == "robots":
+            await self._robots_result(task, lease, result)
             return
-        result = await fetch(
-            self._client(lease.url),
-            task.url,
-            total_timeout=self.settings.total_timeout,
-            max_body_bytes=self.settings.max_body_bytes,
-        )
-        decision = decide(
-            result, task.attempts, self.settings.max_attempts, self.broker.topology.retry_delays
-        )
+        decision = decide(result, task.attempts, task.history, self.policy, self.broker.topology.retry_delays)
         await self._route(task, lease, result, decision)
 
-    async def _return(self, task: Task, why: str) -> None:
+    async def _back_to_frontier(self, task: Task, why: str) -> None:
         """Back to the domain queue with no permit and no attempt spent."""
         task = task.model_copy(update={"permit": None})
-        topology = self.broker.topology
-        await self.broker.publish(topology.frontier, routing_key(task.domain), task)
+        await self.broker.publish(self.broker.topology.frontier, routing_key(task.domain), task)
         await self._event(task, why, "frontier")
+
+    async def _no_proxy_now(self, task: Task, lease: Lease) -> None:
+        """Every proxy is banned, dead or at its cap for this domain: wait in a tier, unspent."""
+        topology = self.broker.topology
+        delay = topology.tier_for(lease.retry_in or topology.retry_delays[0])
+        task = task.model_copy(update={"permit": None})
+        await self.broker.publish(topology.tier_exchange(delay), routing_key(task.domain), task)
+        await self._event(task, "no_proxy", "retry", delay=delay)
+
+    async def _robots_result(self, task: Task, lease: Lease, result: FetchResult) -> None:
+        """A robots.txt fetch reports to the governors, whatever happened; no retries here."""
+        text = ""
+        if result.outcome == "ok" and result.body is not None:
+            text, _ = decode_body(result.body, result.content_type)
+        robots = RobotsFetched(
+            domain=task.domain,
+            url=task.url,
+            status=result.status,
+            text=text[:512 * 1024],
+            outcome=result.outcome,
+        )
+        await self.broker.publish(self.broker.topology.events, f"robots.{task.domain}", robots)
+        await self._event(task, result.outcome, "dead", status=result.status, lease=lease, elapsed=result.elapsed)
 
     async def _route(self, task: Task, lease: Lease, result: FetchResult, decision: Decision) -> None:
         topology = self.broker.topology
@@ -117,6 +188,7 @@ class Fetcher(Service):
             outcome=decision.reason,
             status=result.status,
             proxy_id=lease.proxy_id,
+            tier=lease.tier,
             elapsed=round(result.elapsed, 4),
             delay=decision.delay,
             spent=decision.spend,
@@ -125,15 +197,24 @@ class Fetcher(Service):
         failed = list(task.failed_proxies)
         if decision.avoid_proxy and lease.proxy_id and lease.proxy_id not in failed:
             failed.append(lease.proxy_id)
-        task = task.model_copy(
-            update={
-                "attempts": attempts,
-                "history": [*task.history, record],
-                "failed_proxies": failed,
-                "permit": None,
-            }
-        )
-        if decision.action == "parse":
+        update: dict[str, object] = {
+            "attempts": attempts,
+            "history": [*task.history, record],
+            "failed_proxies": failed,
+            "permit": None,
+        }
+        action = decision.action
+        reason, detail = decision.reason, decision.detail or result.detail
+        if decision.reason == "redirect":
+            try:
+                target = result.location or ""
+                update.update(fetch_url=target, domain=domain_of(target), redirects=task.redirects + 1)
+            except InvalidURL as exc:
+                action, reason, detail = "dead", "invalid_url", f"redirect to {exc}"
+            if task.redirects + 1 > self.settings.max_redirects:
+                action, reason, detail = "dead", "redirects", f"more than {self.settings.max_redirects} redirects"
+        task = task.model_copy(update=update)
+        if action == "parse":
             text, _ = decode_body(result.body or b"", result.content_type)
             page = Page(
                 task=task,
@@ -144,23 +225,22 @@ class Fetcher(Service):
                 fetched_at=record.at,
             )
             await self.broker.publish(topology.work, "parse", page)
-        elif decision.action == "retry":
+        elif action == "retry":
             assert decision.delay is not None
-            await self.broker.publish(
-                topology.tier_exchange(decision.delay), routing_key(task.domain), task
-            )
+            await self.broker.publish(topology.tier_exchange(decision.delay), routing_key(task.domain), task)
+        elif action == "frontier":
+            await self.broker.publish(topology.frontier, routing_key(task.domain), task)
         else:
-            await self.broker.publish_dead(
-                "fetch", decision.reason, decision.detail or result.detail, task=task
-            )
+            await self.broker.publish_dead("fetch", reason, detail, task=task)
         await self._event(
             task,
-            decision.reason,
-            decision.action,
+            reason,
+            action,
             status=result.status,
-            proxy_id=lease.proxy_id,
+            lease=lease,
             elapsed=result.elapsed,
-            delay=decision.delay,
+            delay=decision.delay if action == "retry" else None,
+            retry_after=result.retry_after,
         )
 
     async def _event(
@@ -170,9 +250,10 @@ class Fetcher(Service):
         next_step: str,
         *,
         status: int | None = None,
-        proxy_id: str | None = None,
+        lease: Lease | None = None,
         elapsed: float | None = None,
         delay: float | None = None,
+        retry_after: float | None = None,
     ) -> None:
         event = Event(
             kind="outcome",
@@ -180,9 +261,14 @@ class Fetcher(Service):
             job=task.job,
             domain=task.domain,
             attempt=task.attempts,
+            permit_id=task.permit.id if task.permit else None,
+            fetcher=self.instance,
             outcome=outcome,
             status=status,
-            proxy_id=proxy_id,
+            retry_after=retry_after,
+            proxy_id=lease.proxy_id if lease else None,
+            tier=lease.tier if lease else None,
+            cost=lease.cost if lease else None,
             elapsed=None if elapsed is None else round(elapsed, 4),
             next=next_step,  # type: ignore[arg-type]
             delay=delay,

@@ -1,24 +1,58 @@
-"""What to do after an attempt: parse, retry after a delay, or give up — by failure type.
+"""What to do after an attempt, by what went wrong: the failure policy as data.
 
-Each outcome of a fetch has a rule: whether it is worth retrying, how long to back off,
-whether the attempt counts against the task's budget (`HUTCH_MAX_ATTEMPTS`), and whether
-the next attempt must avoid the proxy just used. Pure functions of the result and the
-task's history: no broker, no clock (the jitter source is injected).
+Every attempt ends in one outcome. Each outcome has a rule: whether to retry, how to back
+off, whether the attempt counts against the task's budget (`HUTCH_MAX_ATTEMPTS`), and
+whether the next attempt must avoid the proxy just used. The defaults are `DEFAULT_RULES`;
+a policy file (`HUTCH_POLICY_FILE`, YAML) may override any rule and add block patterns:
+
+    outcomes:
+      server_error: {retry: true, backoff: exponential, first_tier: 1}
+    blocks:
+      - {domains: ["shop.example"], status: [200], pattern: "Access denied"}
+
+Outcomes and their default rules:
+- ok: 2xx and not a block page -> parse.
+- timeout (connect/read timeout, total deadline), reset (refused, reset or broken by the
+  site), server_error (other 5xx): exponential backoff with jitter; spend an attempt.
+- proxy_failure (the proxy itself refused, failed or timed out): at once through the
+  frontier with another proxy; spends only past `HUTCH_MAX_PROXY_FAILURES`.
+- blocked (403, or a block or challenge page by status and body pattern): a longer
+  backoff and another proxy; spends an attempt.
+- throttled (429, 503): waits `Retry-After`, or `HUTCH_DEFAULT_PAUSE` without one; spends
+  only past `HUTCH_MAX_PAUSE` or `HUTCH_MAX_THROTTLES`.
+- redirect (3xx with a Location): a new attempt at the target through its domain's
+  queue; spends nothing.
+- not_found (404, 410), client_error (other 4xx), too_large, redirects (too many),
+  invalid_url, forbidden_target (refused by the SSRF guard): dead at once.
+
+Pure functions of the result and the task's history: no broker, no clock; the jitter
+source is injected.
 """
 
 from __future__ import annotations
 
 import random
+import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, field, replace
+from fnmatch import fnmatch
+from pathlib import Path
+from typing import Any, Literal
 
-Action = Literal["parse", "retry", "dead"]
+import yaml
+from hutch.models import Attempt
+
+Action = Literal["parse", "retry", "frontier", "dead"]
+Backoff = Literal["exponential", "site", "none"]
+
+
+class PolicyError(ValueError):
+    """A policy file that cannot be used."""
 
 
 @dataclass(frozen=True)
 class FetchResult:
-    """What one attempt produced; `outcome` is one of the keys of RULES."""
+    """What one attempt produced; `outcome` is one of the keys of DEFAULT_RULES."""
 
     outcome: str
     elapsed: float
@@ -27,37 +61,119 @@ class FetchResult:
     content_type: str | None = None
     body: bytes | None = None
     retry_after: float | None = None
+    location: str | None = None
     detail: str = ""
 
 
 @dataclass(frozen=True)
 class Rule:
     retry: bool
-    backoff: Literal["exponential", "site", "none"] = "exponential"
+    backoff: Backoff = "exponential"
     first_tier: int = 0  # index of the delay tier the first backoff starts from
     spend: bool = True
     avoid_proxy: bool = False
 
 
-RULES: dict[str, Rule] = {
+DEFAULT_RULES: dict[str, Rule] = {
     "ok": Rule(retry=False),
     "timeout": Rule(retry=True),
-    "connection": Rule(retry=True),
-    "proxy": Rule(retry=True, avoid_proxy=True),
+    "reset": Rule(retry=True),
+    "proxy_failure": Rule(retry=True, backoff="none", spend=False, avoid_proxy=True),
     "blocked": Rule(retry=True, first_tier=1, avoid_proxy=True),
-    "throttled": Rule(retry=True, backoff="site", first_tier=1),
+    "throttled": Rule(retry=True, backoff="site", spend=False),
     "server_error": Rule(retry=True),
+    "redirect": Rule(retry=True, backoff="none", spend=False),
     "not_found": Rule(retry=False),
     "client_error": Rule(retry=False),
     "too_large": Rule(retry=False),
-    "invalid_url": Rule(retry=False),
     "redirects": Rule(retry=False),
+    "invalid_url": Rule(retry=False),
+    "forbidden_target": Rule(retry=False),
 }
+
+
+@dataclass(frozen=True)
+class BlockRule:
+    """A response that is really a block: its status is listed and its body matches."""
+
+    pattern: re.Pattern[str]
+    status: frozenset[int] = frozenset({200, 403})
+    domains: tuple[str, ...] = ("*",)
+
+    def matches(self, domain: str, status: int, text: str) -> bool:
+        return (
+            status in self.status
+            and any(fnmatch(domain, glob) for glob in self.domains)
+            and self.pattern.search(text) is not None
+        )
+
+
+DEFAULT_BLOCKS = (
+    BlockRule(
+        re.compile(r"cf-challenge|<title>\s*Just a moment\.\.\.|Attention Required! \| Cloudflare|hutch-blocked"),
+    ),
+)
+
+
+@dataclass(frozen=True)
+class Policy:
+    rules: dict[str, Rule] = field(default_factory=lambda: dict(DEFAULT_RULES))
+    blocks: tuple[BlockRule, ...] = DEFAULT_BLOCKS
+    max_attempts: int = 5
+    max_pause: float = 600.0
+    default_pause: float = 30.0
+    max_throttles: int = 10
+    max_proxy_failures: int = 5
+
+    def is_block(self, domain: str, status: int, body: bytes) -> bool:
+        if status == 403:
+            return True
+        candidates = [b for b in self.blocks if status in b.status]
+        if not candidates:
+            return False
+        text = body[:65536].decode("utf-8", "replace")
+        return any(b.matches(domain, status, text) for b in candidates)
+
+
+def load_policy(path: str | Path | None, **limits: Any) -> Policy:
+    """The default policy with a policy file's overrides and the given limits."""
+    policy = Policy(**limits)
+    if path is None:
+        return policy
+    try:
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise PolicyError(f"cannot read policy file {path}: {exc}") from None
+    if not isinstance(data, dict) or set(data) - {"outcomes", "blocks"}:
+        raise PolicyError(f"{path}: expected a mapping with 'outcomes:' and/or 'blocks:'")
+    rules = dict(policy.rules)
+    for name, override in (data.get("outcomes") or {}).items():
+        if name not in rules or not isinstance(override, dict):
+            raise PolicyError(f"{path}: unknown outcome {name!r}; known: {', '.join(rules)}")
+        try:
+            rules[name] = replace(rules[name], **override)
+        except TypeError as exc:
+            raise PolicyError(f"{path}: outcome {name}: {exc}") from None
+    blocks = list(policy.blocks)
+    for entry in data.get("blocks") or []:
+        try:
+            blocks.append(
+                BlockRule(
+                    re.compile(entry["pattern"]),
+                    frozenset(entry.get("status", [200, 403])),
+                    tuple(entry.get("domains", ["*"])),
+                )
+            )
+        except (KeyError, TypeError, re.error) as exc:
+            raise PolicyError(f"{path}: bad block rule {entry!r}: {exc}") from None
+    return replace(policy, rules=rules, blocks=tuple(blocks))
 
 
 def outcome_of_status(status: int) -> str:
     if 200 <= status < 300:
         return "ok"
+    if 300 <= status < 400:
+        return "redirect"
     if status in (429, 503):
         return "throttled"
     if status == 403:
@@ -79,34 +195,51 @@ class Decision:
     detail: str = ""
 
 
+def _unspent(history: Sequence[Attempt], outcome: str) -> int:
+    return sum(1 for a in history if a.outcome == outcome and not a.spent)
+
+
 def decide(
     result: FetchResult,
     attempts_spent: int,
-    max_attempts: int,
+    history: Sequence[Attempt],
+    policy: Policy,
     tiers: Sequence[float],
     jitter: Callable[[], float] = random.random,
 ) -> Decision:
-    """Decide the next step for a task that has spent `attempts_spent` attempts before this one."""
+    """The next step for a task that has spent `attempts_spent` attempts before this one."""
     if result.outcome == "ok":
         return Decision("parse", "ok", spend=True)
-    rule = RULES[result.outcome]
+    rule = policy.rules[result.outcome]
     if not rule.retry:
         return Decision("dead", result.outcome, spend=True, detail=result.detail)
-    spent = attempts_spent + (1 if rule.spend else 0)
-    if spent >= max_attempts:
+    if result.outcome == "redirect":
+        return Decision("frontier", "redirect", spend=False, detail=result.detail)
+    spend = rule.spend
+    wait: float | None = None
+    if rule.backoff == "site":
+        wait = result.retry_after if result.retry_after is not None else policy.default_pause
+        # A site's own wait costs nothing, up to a point: a very long pause, or one pause too
+        # many, counts as a failed attempt.
+        if wait > policy.max_pause or _unspent(history, result.outcome) >= policy.max_throttles:
+            spend = True
+    elif result.outcome == "proxy_failure" and _unspent(history, "proxy_failure") >= policy.max_proxy_failures:
+        spend = True
+    spent = attempts_spent + (1 if spend else 0)
+    if spent >= policy.max_attempts:
         detail = f"gave up after {spent} attempts: {result.detail}".rstrip(": ")
-        return Decision("dead", result.outcome, spend=rule.spend, detail=detail)
-    first = tiers[min(rule.first_tier, len(tiers) - 1)]
-    if rule.backoff == "site" and result.retry_after is not None:
-        wanted = max(result.retry_after, tiers[0])
-    else:
-        # Exponential with full-range jitter: 0.5x to 1.5x of first * 2^(n-1).
-        wanted = first * (2 ** max(spent - 1, 0)) * (0.5 + jitter())
-    delay = next((tier for tier in tiers if tier >= wanted), tiers[-1])
+        return Decision("dead", result.outcome, spend=spend, detail=detail)
+    if rule.backoff == "none":
+        return Decision("frontier", result.outcome, spend=spend, avoid_proxy=rule.avoid_proxy, detail=result.detail)
+    if wait is None:
+        first = tiers[min(rule.first_tier, len(tiers) - 1)]
+        # Exponential with jitter: 0.5x to 1.5x of first * 2^(n-1).
+        wait = first * (2 ** max(spent - 1, 0)) * (0.5 + jitter())
+    delay = next((tier for tier in tiers if tier >= wait), tiers[-1])
     return Decision(
         "retry",
         result.outcome,
-        spend=rule.spend,
+        spend=spend,
         delay=delay,
         avoid_proxy=rule.avoid_proxy,
         detail=result.detail,

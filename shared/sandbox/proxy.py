@@ -60,8 +60,9 @@ class _Exchange:
 
 
 class _Refused(Exception):
-    def __init__(self, status: int, detail: str) -> None:
+    def __init__(self, status: int, detail: str, error: str = "http_request_error") -> None:
         super().__init__(detail)
+        self.error = error
         self.status = status
         self.detail = detail
 
@@ -151,7 +152,7 @@ class ProxyServer(Listener):
         try:
             request = await read_request(reader)
         except BadRequest as exc:
-            await self._answer(writer, exchange, exc.status, exc.detail)
+            await self._answer(writer, exchange, exc.status, exc.detail, error=exc.error)
             return
         if request is None:
             return
@@ -164,7 +165,7 @@ class ProxyServer(Listener):
             return
         if self.config.fail > 0 and draw(self._seed, "proxy", self.name, count) < self.config.fail:
             exchange.fault = "fail"
-            await self._answer(writer, exchange, 502, "bad gateway (injected)")
+            await self._answer(writer, exchange, 502, "bad gateway (injected)", error="proxy_internal_error")
             return
         try:
             if request.method == "CONNECT":
@@ -172,7 +173,7 @@ class ProxyServer(Listener):
             else:
                 await self._forward(request, reader, writer, exchange)
         except _Refused as exc:
-            await self._answer(writer, exchange, exc.status, exc.detail)
+            await self._answer(writer, exchange, exc.status, exc.detail, error=exc.error)
 
     def _authorized(self, request: Request) -> bool:
         if self.config.auth is None:
@@ -193,7 +194,9 @@ class ProxyServer(Listener):
         status: int,
         message: str,
         headers: list[tuple[str, str]] | None = None,
+        error: str = "http_request_denied",
     ) -> None:
+        """Answer as the proxy itself, saying so in a `Proxy-Status` header (RFC 9209)."""
         exchange.status = status
         self._record(exchange)
         body = f"{message}\n".encode()
@@ -201,6 +204,7 @@ class ProxyServer(Listener):
             ("Content-Type", "text/plain; charset=utf-8"),
             ("Content-Length", str(len(body))),
             *(headers or []),
+            ("Proxy-Status", f"{self.name}; error={error}"),
             ("Connection", "close"),
         ]
         writer.write(format_head(status, head) + body)
@@ -213,7 +217,7 @@ class ProxyServer(Listener):
                 CONNECT_TIMEOUT,
             )
         except OSError as exc:  # TimeoutError included
-            raise _Refused(502, f"cannot reach {host}:{port}: {exc}") from exc
+            raise _Refused(502, f"cannot reach {host}:{port}: {exc}", "destination_unavailable") from exc
 
     async def _tunnel(
         self,

@@ -60,8 +60,11 @@ def extra_env() -> dict[str, str]:
 
 
 @pytest.fixture
-async def services(settings: Settings, extra_env: dict[str, str]) -> AsyncIterator[Services]:
-    supervisor = Supervisor(service_env(settings, **extra_env), fetchers=1, grace=settings.shutdown_grace)
+async def services(
+    settings: Settings, sandbox: Sandbox, extra_env: dict[str, str]
+) -> AsyncIterator[Services]:
+    env = service_env(settings, HUTCH_ALLOWED_TARGETS=",".join(sandbox.allowed_targets()), **extra_env)
+    supervisor = Supervisor(env, fetchers=1, grace=settings.shutdown_grace)
     await supervisor.start()
     try:
         await supervisor.wait_ready(timeout=60)

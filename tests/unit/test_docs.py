@@ -22,6 +22,8 @@ def _readme_rows() -> dict[str, str]:
 def _shown(value: object) -> str:
     if value is None:
         return "(unset)"
+    if value == ():
+        return "(empty)"
     if isinstance(value, tuple):
         return ",".join(f"{item:g}" for item in value)
     return str(value)

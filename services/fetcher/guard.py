@@ -1,0 +1,171 @@
+"""The guard against server-side request forgery: Hutch fetches the public web, not your network.
+
+A URL list is input from outside; without a guard, `http://169.254.169.254/latest/meta-data/`
+or `http://10.0.0.5:6379/` would be fetched from inside your network like any page. Targets
+that resolve to loopback, private, link-local, cloud-metadata, unspecified, multicast or
+reserved addresses are refused, unless `host:port` (as written in the URL, or as resolved)
+is in the allowlist (`HUTCH_ALLOWED_TARGETS`) or private networks are allowed outright
+(`HUTCH_ALLOW_PRIVATE_NETWORKS`).
+
+The check runs after DNS resolution and the connection goes to the address that was
+checked (`GuardedBackend`), so a name that resolves differently on a second lookup (DNS
+rebinding) cannot slip through. Every redirect is a new attempt and is checked again.
+Through a proxy the proxy resolves the name; the target is checked here beforehand.
+
+`HUTCH_RESOLVE=host:port:address[,...]` answers lookups for those names first, like curl's
+`--resolve`, so tests can use real host names on loopback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import socket
+from collections.abc import Iterable
+from typing import Any
+
+import httpcore
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+# Cloud metadata endpoints that are not caught by "link-local" alone.
+METADATA = {
+    ipaddress.ip_address("169.254.169.254"),
+    ipaddress.ip_address("169.254.170.2"),
+    ipaddress.ip_address("100.100.100.200"),
+    ipaddress.ip_address("fd00:ec2::254"),
+}
+
+
+class ForbiddenTarget(Exception):
+    """A target Hutch refuses to fetch; the message says which address and why."""
+
+
+class ResolveError(Exception):
+    """A host name that does not resolve."""
+
+
+def why_forbidden(address: IPAddress) -> str | None:
+    """The reason an address is not a public internet address, or None when it is."""
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    if address in METADATA:
+        return "cloud metadata"
+    if address.is_loopback:
+        return "loopback"
+    if address.is_link_local:
+        return "link-local"
+    if address.is_private:
+        return "private"
+    if address.is_unspecified:
+        return "unspecified"
+    if address.is_multicast:
+        return "multicast"
+    if address.is_reserved:
+        return "reserved"
+    if not address.is_global:
+        return "not global"
+    return None
+
+
+def parse_overrides(spec: str | Iterable[str]) -> dict[tuple[str, int], str]:
+    """`host:port:address` entries (comma separated, or an iterable) as a lookup table."""
+    entries = spec.split(",") if isinstance(spec, str) else list(spec)
+    table: dict[tuple[str, int], str] = {}
+    for entry in (e.strip() for e in entries):
+        if not entry:
+            continue
+        host, sep1, rest = entry.partition(":")
+        port, sep2, address = rest.partition(":")
+        if not (sep1 and sep2 and port.isdigit()):
+            raise ValueError(f"resolve entry {entry!r} is not host:port:address")
+        ipaddress.ip_address(address.strip("[]"))
+        table[(host.lower(), int(port))] = address.strip("[]")
+    return table
+
+
+class TargetGuard:
+    def __init__(
+        self,
+        allowed: Iterable[str] = (),
+        allow_private: bool = False,
+        overrides: dict[tuple[str, int], str] | None = None,
+    ) -> None:
+        self.allowed = {entry.strip().lower() for entry in allowed if entry.strip()}
+        self.allow_private = allow_private
+        self.overrides = overrides or {}
+
+    async def resolve(self, host: str, port: int) -> list[str]:
+        host = host.lower().strip("[]")
+        override = self.overrides.get((host, port))
+        if override is not None:
+            return [override]
+        try:
+            return [str(ipaddress.ip_address(host))]
+        except ValueError:
+            pass
+        try:
+            infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except socket.gaierror as exc:
+            raise ResolveError(f"cannot resolve {host}: {exc.strerror}") from None
+        seen: list[str] = []
+        for info in infos:
+            address = str(info[4][0])
+            if address not in seen:
+                seen.append(address)
+        return seen
+
+    def _allowed(self, host: str, port: int, address: str) -> bool:
+        shown = f"[{address}]" if ":" in address else address
+        return f"{host.lower().strip('[]')}:{port}" in self.allowed or f"{shown}:{port}" in self.allowed
+
+    async def check(self, host: str, port: int) -> list[str]:
+        """The addresses to connect to for host:port; ForbiddenTarget if any is off limits."""
+        addresses = await self.resolve(host, port)
+        if self.allow_private:
+            return addresses
+        for address in addresses:
+            reason = why_forbidden(ipaddress.ip_address(address))
+            if reason is not None and not self._allowed(host, port, address):
+                raise ForbiddenTarget(
+                    f"{host}:{port} resolves to {address} ({reason}); "
+                    "add it to HUTCH_ALLOWED_TARGETS to fetch it"
+                )
+        return addresses
+
+
+class GuardedBackend(httpcore.AsyncNetworkBackend):
+    """httpcore's network backend, connecting only to addresses the guard has checked."""
+
+    def __init__(self, guard: TargetGuard, inner: httpcore.AsyncNetworkBackend | None = None) -> None:
+        self.guard = guard
+        self.inner = inner or httpcore.AnyIOBackend()
+
+    async def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: Iterable[Any] | None = None,
+    ) -> httpcore.AsyncNetworkStream:
+        try:
+            addresses = await self.guard.check(host, port)
+        except ResolveError as exc:
+            raise httpcore.ConnectError(str(exc)) from None
+        error: Exception | None = None
+        for address in addresses:
+            try:
+                return await self.inner.connect_tcp(address, port, timeout, local_address, socket_options)
+            except (httpcore.ConnectError, httpcore.ConnectTimeout) as exc:
+                error = exc
+        assert error is not None
+        raise error
+
+    async def connect_unix_socket(
+        self, path: str, timeout: float | None = None, socket_options: Iterable[Any] | None = None
+    ) -> httpcore.AsyncNetworkStream:
+        raise httpcore.ConnectError("unix sockets are not fetch targets")
+
+    async def sleep(self, seconds: float) -> None:
+        await self.inner.sleep(seconds)
