@@ -36,7 +36,7 @@ from aio_pika.abc import (
 )
 from aio_pika.exceptions import AMQPError, DeliveryError, PublishError
 from hutch import telemetry
-from hutch.models import DeadLetter, DecodeError, Model, Task, decode, encode
+from hutch.models import DeadLetter, DecodeError, Model, Page, Task, decode, encode
 from hutch.settings import Settings
 from hutch.topology import QueueSpec, Topology
 from opentelemetry import trace
@@ -275,6 +275,7 @@ class Broker:
         detail: str = "",
         *,
         task: Task | None = None,
+        page: Page | None = None,
         raw: bytes | None = None,
         queue: str | None = None,
     ) -> None:
@@ -282,7 +283,8 @@ class Broker:
             stage=stage,
             reason=reason,
             detail=detail[:2000],
-            task=task,
+            task=task or (page.task if page else None),
+            page=page,
             raw=raw.decode("utf-8", "replace")[:65536] if raw is not None else None,
             queue=queue,
         )
@@ -362,7 +364,7 @@ class Broker:
             except Dead as dead:
                 span.set_attribute("hutch.outcome", f"dead:{dead.reason}")
                 task = dead.task or (payload if isinstance(payload, Task) else getattr(payload, "task", None))
-                await self._dead_then_ack(message, stage, dead.reason, dead.detail, task, queue)
+                await self._dead_then_ack(message, stage, dead.reason, dead.detail, task, queue, payload)
             except Requeue:
                 await self._settle(message, requeue=True)
             except (PublishFailed, AMQPError, ConnectionError) as exc:
@@ -377,7 +379,7 @@ class Broker:
                     log.exception("%s: handler failed twice; dead-lettering", queue)
                     task = payload if isinstance(payload, Task) else getattr(payload, "task", None)
                     await self._dead_then_ack(
-                        message, stage, "error", f"{type(exc).__name__}: {exc}", task, queue
+                        message, stage, "error", f"{type(exc).__name__}: {exc}", task, queue, payload
                     )
                 else:
                     log.exception("%s: handler failed; requeued once", queue)
@@ -393,10 +395,12 @@ class Broker:
         detail: str,
         task: Task | None,
         queue: str,
+        payload: object = None,
     ) -> None:
+        page = payload if isinstance(payload, Page) else None
         try:
             await self.publish_dead(
-                stage, reason, detail, task=task, raw=None if task else message.body, queue=queue
+                stage, reason, detail, task=task, page=page, raw=None if task else message.body, queue=queue
             )
         except PublishFailed as exc:
             log.warning("dead letter not confirmed (%s); message requeued", exc)

@@ -31,9 +31,9 @@ SCHEMA_VERSION = 1
 STATES = ("new", "queued", "in_flight", "retrying", "stored", "dead")
 TERMINAL = ("stored", "dead")
 
-# Which states a task may enter each state from.
+# Which states a task may enter each state from (a replay moves a dead task back to queued).
 _FROM = {
-    "queued": ("new",),
+    "queued": ("new", "dead"),
     "in_flight": ("new", "queued", "retrying"),
     "retrying": ("new", "queued", "in_flight"),
     "stored": ("new", "queued", "in_flight", "retrying", "dead"),
@@ -96,7 +96,8 @@ _SCHEMA = [
         attempts INTEGER,
         letter TEXT NOT NULL,
         dead_at REAL NOT NULL,
-        replayed_at REAL
+        replayed_at REAL,
+        purged_at REAL
     );
     CREATE INDEX dead_by_job ON dead (job, reason, domain);
     """,
@@ -197,7 +198,14 @@ class Store:
         return [i for i in ids if i in waiting]
 
     def mark_queued(self, ids: Iterable[str]) -> None:
-        self._transition(list(ids), "queued")
+        """Published: `new` tasks become `queued` (a `dead` one only through `mark_replayed`)."""
+        with self._tx():
+            for chunk in _chunks(list(ids), 500):
+                self.db.execute(
+                    f"UPDATE tasks SET state = 'queued', updated_at = ? "
+                    f"WHERE id IN ({','.join('?' * len(chunk))}) AND state = 'new'",
+                    (time.time(), *chunk),
+                )
 
     def _transition(self, ids: list[str], state: str, outcome: str | None = None) -> int:
         if not ids:
@@ -354,6 +362,76 @@ class Store:
             "SELECT * FROM attempts WHERE task_id = ? ORDER BY at", (task_id,)
         ).fetchall()
         return [dict(row) for row in rows]
+
+    # -- the dead-letter ledger -----------------------------------------------------------
+
+    @staticmethod
+    def _dead_filter(
+        job: str | None, domain: str | None, reason: str | None, stage: str | None = None
+    ) -> tuple[str, list[Any]]:
+        where = ["replayed_at IS NULL", "purged_at IS NULL"]
+        params: list[Any] = []
+        for column, value in (("job", job), ("domain", domain), ("reason", reason), ("stage", stage)):
+            if value is not None:
+                where.append(f"{column} = ?")
+                params.append(value)
+        return " AND ".join(where), params
+
+    def dead_entries(
+        self,
+        job: str | None = None,
+        domain: str | None = None,
+        reason: str | None = None,
+        stage: str | None = None,
+        limit: int | None = None,
+    ) -> list[dict[str, Any]]:
+        """Dead letters neither replayed nor purged, oldest first."""
+        where, params = self._dead_filter(job, domain, reason, stage)
+        query = (
+            "SELECT id, task_id, job, url, domain, stage, reason, detail, attempts, dead_at "
+            f"FROM dead WHERE {where} ORDER BY id"
+        )
+        if limit is not None:
+            query += f" LIMIT {int(limit)}"
+        return [dict(row) for row in self.db.execute(query, params)]
+
+    def dead_groups(
+        self, job: str | None = None, domain: str | None = None, reason: str | None = None
+    ) -> list[dict[str, Any]]:
+        where, params = self._dead_filter(job, domain, reason)
+        rows = self.db.execute(
+            f"SELECT reason, domain, COUNT(*) AS count FROM dead WHERE {where} "
+            "GROUP BY reason, domain ORDER BY count DESC, reason, domain",
+            params,
+        )
+        return [dict(row) for row in rows]
+
+    def dead_entry(self, entry_id: int) -> dict[str, Any] | None:
+        row = self.db.execute("SELECT * FROM dead WHERE id = ?", (entry_id,)).fetchone()
+        return None if row is None else dict(row)
+
+    def mark_replayed(self, entry_ids: Iterable[int]) -> None:
+        """These dead letters were republished (confirmed): their tasks are queued again."""
+        now = time.time()
+        with self._tx():
+            for entry_id in entry_ids:
+                row = self.db.execute(
+                    "UPDATE dead SET replayed_at = ? WHERE id = ? AND replayed_at IS NULL RETURNING task_id",
+                    (now, entry_id),
+                ).fetchone()
+                if row is not None and row[0] is not None:
+                    self._transition_in_tx(row[0], "queued", None)
+
+    def mark_purged(self, entry_ids: Iterable[int]) -> int:
+        now = time.time()
+        with self._tx():
+            return sum(
+                self.db.execute(
+                    "UPDATE dead SET purged_at = ? WHERE id = ? AND purged_at IS NULL AND replayed_at IS NULL",
+                    (now, entry_id),
+                ).rowcount
+                for entry_id in entry_ids
+            )
 
     def dead_letters(self, job: str | None = None) -> list[dict[str, Any]]:
         query = "SELECT * FROM dead"

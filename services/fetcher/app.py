@@ -157,10 +157,21 @@ class Fetcher(Service):
         await self._event(task, why, "frontier")
 
     async def _no_proxy_now(self, task: Task, lease: Lease) -> None:
-        """Every proxy is banned, dead or at its cap for this domain: wait in a tier, unspent."""
+        """Every proxy is banned, dead or at its cap for this domain: wait in a tier, unspent.
+
+        The waits are counted in the task's history; past `HUTCH_MAX_PROXY_WAITS` the task
+        goes dead (`no_proxy`) rather than wait for ever on a pool that cannot serve it.
+        """
         topology = self.broker.topology
+        waits = sum(1 for a in task.history if a.outcome == "no_proxy")
         delay = topology.tier_for(lease.retry_in or topology.retry_delays[0])
-        task = task.model_copy(update={"permit": None})
+        record = Attempt(n=task.attempts, at=time.time(), outcome="no_proxy", delay=delay, spent=False)
+        task = task.model_copy(update={"permit": None, "history": [*task.history, record]})
+        if waits + 1 >= self.settings.max_proxy_waits:
+            detail = f"no usable proxy after {waits + 1} waits"
+            await self.broker.publish_dead("fetch", "no_proxy", detail, task=task)
+            await self._event(task, "no_proxy", "dead")
+            return
         await self.broker.publish(topology.tier_exchange(delay), routing_key(task.domain), task)
         await self._event(task, "no_proxy", "retry", delay=delay)
 
