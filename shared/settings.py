@@ -55,6 +55,32 @@ class Settings(BaseSettings):
     max_hold: float = Field(
         5.0, description="longest a governor waits holding one frontier message before returning it"
     )
+    concurrency_per_domain: int = Field(8, ge=1, description="fetches in flight per domain, fleet-wide")
+    rate_for: str | None = Field(
+        None, description="per-domain rates, `domain=R/s` comma separated (wins over the limits file)"
+    )
+    limits_file: Path | None = Field(None, description="YAML of per-domain rate, burst and concurrency")
+    domain_key: Literal["host", "registrable"] = Field(
+        "host", description="what a limit applies to: the host, or its registrable domain"
+    )
+    public_suffix_file: Path | None = Field(
+        None, description="public-suffix list for `registrable`; default the bundled copy"
+    )
+    respect_robots: bool = Field(True, description="fetch robots.txt first and obey it")
+    robots_ttl: float = Field(3600.0, gt=0, description="seconds a robots.txt stays cached")
+    robots_retry: float = Field(
+        10.0, gt=0, description="seconds before retrying a robots.txt that failed (5xx, no answer); doubles"
+    )
+    robots_attempts: int = Field(
+        3, ge=1, description="robots.txt failures in a row after which the origin is disallowed"
+    )
+    aimd_decrease: float = Field(0.5, gt=0, lt=1, description="factor a 429/503 streak multiplies the rate by")
+    aimd_increase: float = Field(0.05, ge=0, description="fetches/s a success adds back, up to the ceiling")
+    aimd_streak: int = Field(2, ge=1, description="429/503 answers in a row that lower a domain's rate")
+    min_rate: float = Field(0.05, gt=0, description="lowest rate the adaptive rate goes down to")
+    heartbeat_timeout: float = Field(
+        3.0, gt=0, description="seconds after its last heartbeat a fetcher's capacity stops counting"
+    )
 
     # Fetcher
     concurrency: int = Field(16, description="concurrent fetches per fetcher process")
@@ -76,6 +102,9 @@ class Settings(BaseSettings):
     default_pause: float = Field(30.0, description="wait after a 429/503 that gives no Retry-After")
     max_throttles: int = Field(10, description="429/503 waits per task that spend no attempt")
     max_proxy_failures: int = Field(5, description="proxy failures per task that spend no attempt")
+    max_proxy_waits: int = Field(
+        30, description="waits for a usable proxy per task before it goes dead (reason no_proxy)"
+    )
     policy_file: Path | None = Field(None, description="YAML overriding the failure policy and block patterns")
     allowed_targets: Annotated[tuple[str, ...], NoDecode] = Field(
         (), description="host:port list the SSRF guard lets through (comma separated)"
