@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import signal
 import sys
@@ -29,6 +30,7 @@ from hutch.services.parser.spec import SpecError, load_spec
 from hutch.services.proxy_manager.pool import PoolError, load_pool
 from hutch.settings import Settings
 from hutch.store import AsyncStore, JobCounts, Store, StoreError
+from pydantic import ValidationError
 
 
 class UserError(Exception):
@@ -41,6 +43,13 @@ class UserError(Exception):
 def _settings(**overrides: Any) -> Settings:
     try:
         return Settings(**{k: v for k, v in overrides.items() if v is not None})
+    except ValidationError as exc:
+        # pydantic's own text spans several lines; one clause per bad variable reads better.
+        problems = "; ".join(
+            f"HUTCH_{'_'.join(str(part) for part in error['loc']).upper()}: {error['msg']}"
+            for error in exc.errors()
+        )
+        raise UserError(f"invalid setting {problems}") from None
     except Exception as exc:
         raise UserError(f"invalid setting: {exc}") from None
 
@@ -80,6 +89,9 @@ def _check_urls(path: Path, skip_invalid: bool) -> int:
 
 
 async def _connect(settings: Settings, name: str = "control") -> Broker:
+    # aiormq logs a failed connect itself (with no handler configured, straight to stderr);
+    # the one sentence below already says it.
+    logging.getLogger("aiormq").setLevel(logging.CRITICAL)
     try:
         return await Broker(settings, name).connect()
     except BrokerUnreachable as exc:
@@ -283,7 +295,10 @@ async def run_job(
                 grace=settings.shutdown_grace,
             )
             await supervisor.start()
-            await supervisor.wait_ready(timeout=60)
+            try:
+                await supervisor.wait_ready(timeout=60)
+            except TimeoutError as exc:
+                raise UserError(f"{exc}; run with --verbose to see their logs") from None
         result = await submit(broker, store, job, valid_urls(path), spec)
         print(f"job {job}: {result.published} tasks submitted", file=sys.stderr)
         deadline = time.monotonic() + timeout if timeout else None
@@ -332,8 +347,14 @@ async def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_sandbox(args: argparse.Namespace) -> int:
-    from hutch.sandbox import run_forever
+    from hutch.sandbox import ConfigError, load_config, run_forever
 
+    try:
+        load_config(args.config)  # refuse a bad config before binding anything
+    except OSError as exc:
+        raise UserError(f"cannot read sandbox config {args.config}: {exc.strerror}") from None
+    except ConfigError as exc:
+        raise UserError(str(exc)) from None
     run_forever(args.config, args.urls_out, args.proxies_out, args.access_log)
     return 0
 
@@ -400,6 +421,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     run: Callable[[argparse.Namespace], Any] = args.run
+    if args.command in ("submit", "run"):
+        telemetry.setup_tracing("control")  # each submitted task starts its own trace here
     try:
         code = asyncio.run(run(args)) if args.is_async else run(args)
     except UserError as exc:
@@ -407,6 +430,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         code = 2
     except PublishFailed as exc:
         print(f"hutch: the broker did not accept the work: {exc}", file=sys.stderr)
+        code = 2
+    except StoreError as exc:
+        print(f"hutch: {exc}", file=sys.stderr)
         code = 2
     except KeyboardInterrupt:
         code = 130

@@ -165,6 +165,13 @@ class Supervisor:
         for watcher in self._watchers:
             watcher.cancel()
         await asyncio.gather(*self._watchers, return_exceptions=True)
+        # A child a watcher was restarting as stop() began was not in `alive`; it must not
+        # outlive the supervisor.
+        for child in self.children:
+            if child.process is not None and child.process.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    child.process.kill()
+                await child.process.wait()
         for child in self.children:
             if child.pump is not None:
                 with contextlib.suppress(Exception):

@@ -1,0 +1,560 @@
+"""The `hutch` command line, every command run as a real process against RabbitMQ and the sandbox.
+
+What a user relies on: a job run from the shell ends with every page stored and exported
+exactly as the site served it, through the proxies and at the rate asked for; input that
+cannot be used is refused with one sentence before anything reaches the broker; and every
+long-running command stops, children included, when told to.
+
+Each command gets the environment of the test's settings (its own vhost, namespace and
+store). The sandbox runs in this process's event loop, so commands run as asyncio
+subprocesses; whatever a test started, down to the services a `hutch run` spawned, is
+killed when the test ends, passed or not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import re
+import signal
+import sys
+import time
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import aiormq
+import httpx
+import pytest
+from hutch.amqp import Broker
+from hutch.domains import domain_of
+from hutch.sandbox import Sandbox, expected_page, load_config
+from hutch.settings import Settings
+from hutch.store import Store
+from parsel import Selector
+
+from .conftest import Services
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
+
+HERE = Path(__file__).parent
+SANDBOX_CONFIG = HERE / "sandbox-cli.yaml"
+COMMANDS = ("up", "serve", "submit", "status", "run", "export", "sandbox")
+SCRIPT = Path(sys.executable).with_name("hutch")
+# The installed console script; cli.py has no __main__ guard, so without it, call main().
+HUTCH = (
+    [str(SCRIPT)] if SCRIPT.exists() else [sys.executable, "-c", "from hutch.services.control.cli import main; main()"]
+)
+UNREACHABLE = "amqp://guest:guest@127.0.0.1:1/"
+PAGE = re.compile(r"^/page/(\d+)$")
+SPEC_YAML = 'fields:\n  title: "css:title::text"\n  links: {css: "a::attr(href)", many: true}\n'
+
+
+# -- running the command ----------------------------------------------------------------------
+
+
+@dataclass
+class Finished:
+    code: int
+    out: str
+    err: str
+
+    @property
+    def last_line(self) -> str:
+        lines = self.out.strip().splitlines()
+        return lines[-1] if lines else ""
+
+
+async def start(env: dict[str, str], *args: str, cwd: Path | None = None) -> asyncio.subprocess.Process:
+    return await asyncio.create_subprocess_exec(
+        *HUTCH,
+        *args,
+        env=env,
+        cwd=cwd,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+
+
+async def stop(process: asyncio.subprocess.Process, sig: int = signal.SIGINT, grace: float = 15.0) -> None:
+    """Ask politely (SIGINT: `hutch run` then stops its services), kill after `grace`."""
+    if process.returncode is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        process.send_signal(sig)
+    try:
+        await asyncio.wait_for(process.wait(), grace)
+    except TimeoutError:
+        with contextlib.suppress(ProcessLookupError):
+            process.kill()
+        await process.wait()
+
+
+async def hutch(env: dict[str, str], *args: str, timeout: float = 60.0, cwd: Path | None = None) -> Finished:
+    """Run `hutch ARGS` to its end; one still running after `timeout` is stopped and fails the test."""
+    process = await start(env, *args, cwd=cwd)
+    assert process.stdout is not None and process.stderr is not None
+    readers = [asyncio.create_task(process.stdout.read()), asyncio.create_task(process.stderr.read())]
+    try:
+        await asyncio.wait_for(process.wait(), timeout)
+        late = False
+    except TimeoutError:
+        late = True
+    finally:
+        await stop(process)
+        done, _ = await asyncio.wait(readers, timeout=5)
+        for reader in readers:
+            reader.cancel()
+    out, err = (r.result().decode() if r in done and not r.cancelled() else "" for r in readers)
+    assert not late, f"`hutch {' '.join(args)}` still running after {timeout:.0f}s; its stderr:\n{err}"
+    assert process.returncode is not None
+    return Finished(process.returncode, out, err)
+
+
+async def read_until(stream: asyncio.StreamReader, done: Callable[[list[str]], bool], timeout: float) -> list[str]:
+    """Lines of `stream` until `done(lines)` holds; fails after `timeout` seconds or at EOF."""
+    lines: list[str] = []
+    deadline = time.monotonic() + timeout
+    while not done(lines):
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise AssertionError("not there after {:.0f}s; output so far:\n{}".format(timeout, "\n".join(lines)))
+        line = await asyncio.wait_for(stream.readline(), remaining)
+        if not line:
+            raise AssertionError("the command ended early; its output:\n" + "\n".join(lines))
+        lines.append(line.decode("utf-8", "replace").rstrip())
+    return lines
+
+
+def processes_of(namespace: str) -> list[int]:
+    """Pids of live processes started with this namespace (services spawned by a command)."""
+    marker = f"HUTCH_NAMESPACE={namespace}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if marker in environ.split(b"\0") and state != "Z":
+            found.append(int(entry.name))
+    return found
+
+
+@pytest.fixture(autouse=True)
+def no_process_left(namespace: str) -> Iterator[None]:
+    """Kill whatever this test's commands started and left running, even after a failure."""
+    yield
+    for pid in processes_of(namespace):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+# -- fixtures and checks --------------------------------------------------------------------------
+
+
+@pytest.fixture
+async def sandbox() -> AsyncIterator[Sandbox]:
+    """Two small fault-free sites and a proxy of each tier: a whole job in seconds."""
+    async with Sandbox(load_config(SANDBOX_CONFIG)) as box:
+        yield box
+
+
+@pytest.fixture
+def env(settings: Settings, sandbox: Sandbox) -> dict[str, str]:
+    """The test's settings as `HUTCH_*` variables; the SSRF guard lets the sandbox's sites through."""
+    return {**settings.to_env(os.environ), "HUTCH_ALLOWED_TARGETS": ",".join(sandbox.allowed_targets())}
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def site_of(sandbox: Sandbox, url: str) -> str:
+    port = urlsplit(url).port
+    return next(name for name, site in sandbox.sites.items() if site.port == port)
+
+
+def check_items(sandbox: Sandbox, items: list[dict[str, object]], fields: tuple[str, ...]) -> None:
+    """Every item is a page of the sandbox with exactly the fields the site served."""
+    for item in items:
+        match = PAGE.match(urlsplit(str(item["url"])).path)
+        assert match, item
+        expected = expected_page(site_of(sandbox, str(item["url"])), int(match.group(1)))
+        assert {name: item[name] for name in fields} == {name: expected[name] for name in fields}  # type: ignore[literal-required]
+
+
+def jsonl(path: Path) -> list[dict[str, object]]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+def stored_tasks(settings: Settings, job: str) -> list[dict[str, object]]:
+    store = Store(settings.store_location)
+    try:
+        return store.tasks(job)
+    finally:
+        store.close()
+
+
+def job_exists(settings: Settings, job: str) -> bool:
+    store = Store(settings.store_location)
+    try:
+        return store.job_exists(job)
+    finally:
+        store.close()
+
+
+async def declare_topology(settings: Settings) -> None:
+    """Declare the namespace's queues, so an empty queue proves nothing was published."""
+    broker = await Broker(settings, "test-cli").connect()
+    await broker.close()
+
+
+async def queued_messages(settings: Settings, domains: Iterable[str] = ()) -> dict[str, int]:
+    """Messages waiting in every queue of the namespace (absent domain queues count as empty)."""
+    broker = await Broker(settings, "test-cli").connect()
+    counts: dict[str, int] = {}
+    try:
+        for name in broker.topology.all_queue_names(domains):
+            if name == broker.topology.domains:
+                continue  # a stream: records domain queues, never holds tasks
+            channel = await broker.channel()
+            try:
+                queue = await channel.declare_queue(name, passive=True, robust=False)
+                counts[name] = queue.declaration_result.message_count or 0
+            except aiormq.exceptions.ChannelNotFoundEntity:
+                counts[name] = 0
+            finally:
+                if not channel.is_closed:
+                    await channel.close()
+    finally:
+        await broker.close()
+    return counts
+
+
+def refused_in_one_sentence(done: Finished, *needles: str) -> None:
+    assert done.code == 2, done
+    assert "Traceback" not in done.err, done.err
+    lines = done.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("hutch: "), done.err
+    for needle in needles:
+        assert needle in lines[0], done.err
+
+
+# -- help ------------------------------------------------------------------------------------------
+
+
+async def test_help_lists_every_command_and_every_command_has_its_own_help(env: dict[str, str]) -> None:
+    top, *each = await asyncio.gather(hutch(env, "--help"), *(hutch(env, command, "--help") for command in COMMANDS))
+    assert top.code == 0, top
+    listed = re.findall(r"^    (\w+) ", top.out, re.MULTILINE)
+    assert listed == list(COMMANDS)
+    for command, done in zip(COMMANDS, each, strict=True):
+        assert done.code == 0, done
+        assert done.out.startswith(f"usage: hutch {command}"), done.out
+        assert "options:" in done.out
+
+
+# -- hutch run ---------------------------------------------------------------------------------------
+
+
+async def test_run_starts_the_services_stores_every_page_and_exports_url_status_and_title(
+    settings: Settings, env: dict[str, str], sandbox: Sandbox, tmp_path: Path
+) -> None:
+    urls = sandbox.urls()
+    urls_file = write(tmp_path / "pages.txt", "".join(f"{url}\n" for url in urls))
+    out = tmp_path / "items.jsonl"
+    done = await hutch(env, "run", str(urls_file), "--out", str(out), timeout=75)
+    assert done.code == 0, done
+    assert done.last_line == f"done: {len(urls)} stored, 0 dead, 0 pending"
+    items = jsonl(out)
+    assert sorted(item["url"] for item in items) == sorted(urls)  # type: ignore[type-var]
+    assert all(item["status"] == 200 and set(item) == {"url", "status", "title"} for item in items)
+    check_items(sandbox, items, ("title",))
+    assert {task["state"] for task in stored_tasks(settings, "pages")} == {"stored"}  # job named after the file
+    assert processes_of(settings.namespace) == []  # the services it started have stopped
+
+
+async def test_run_with_a_spec_a_rate_and_proxies_fetches_through_the_proxies_at_that_rate(
+    settings: Settings, env: dict[str, str], sandbox: Sandbox, tmp_path: Path
+) -> None:
+    urls = sandbox.urls()
+    urls_file = write(tmp_path / "urls.txt", "".join(f"{url}\n" for url in urls))
+    spec = write(tmp_path / "spec.yaml", SPEC_YAML)
+    proxies = write(tmp_path / "proxies.txt", sandbox.proxy_file_text())
+    out = tmp_path / "items.jsonl"
+    done = await hutch(
+        env, "run", str(urls_file), "--job", "proxied", "--spec", str(spec), "--rate", "5/s",
+        "--proxies", str(proxies), "--out", str(out), timeout=75,
+    )  # fmt: skip
+    assert done.code == 0, done
+    assert done.last_line == f"done: {len(urls)} stored, 0 dead, 0 pending"
+    items = jsonl(out)
+    assert sorted(item["url"] for item in items) == sorted(urls)  # type: ignore[type-var]
+    assert all(set(item) == {"url", "title", "links"} for item in items)
+    check_items(sandbox, items, ("title", "links"))
+    # Every page request reached the sites from a proxy's source address, never directly.
+    page_hits = [r for r in sandbox.log if r.kind == "site" and PAGE.match(r.path)]
+    assert len(page_hits) == len(urls)
+    sources = {proxy.source for proxy in sandbox.proxies.values()}  # 127.0.1.1 and 127.0.2.1
+    assert {r.client for r in page_hits} <= sources
+    # 5/s per site: any six consecutive requests to one site span about a second.
+    for name in sandbox.sites:
+        arrivals = sorted(r.ts for r in page_hits if r.site == name)
+        assert len(arrivals) == len(urls) // len(sandbox.sites)
+        spans = [later - earlier for earlier, later in zip(arrivals, arrivals[5:], strict=False)]
+        assert min(spans) > 0.8, (name, spans)
+
+
+async def test_run_refuses_to_start_a_second_set_of_services_and_attach_uses_the_running_set(
+    settings: Settings, env: dict[str, str], sandbox: Sandbox, services: Services, tmp_path: Path
+) -> None:
+    urls = sandbox.urls()
+    urls_file = write(tmp_path / "attached.txt", "".join(f"{url}\n" for url in urls))
+    out = tmp_path / "items.jsonl"
+    refused = await hutch(env, "run", str(urls_file), "--out", str(out))
+    refused_in_one_sentence(refused, "services already run", settings.namespace, "--attach")
+    assert not out.exists() and not job_exists(settings, "attached")
+
+    done = await hutch(env, "run", str(urls_file), "--attach", "--out", str(out), timeout=75)
+    assert done.code == 0, done
+    assert done.last_line == f"done: {len(urls)} stored, 0 dead, 0 pending"
+    items = jsonl(out)
+    assert sorted(item["url"] for item in items) == sorted(urls)  # type: ignore[type-var]
+    check_items(sandbox, items, ("title",))
+    # Attaching started no services of its own: the fixture's set did the work and still runs.
+    assert all(c.process and c.process.returncode is None and c.restarts == 0 for c in services.supervisor.children)
+
+
+# -- submit, status, export ----------------------------------------------------------------------
+
+
+async def status_of(env: dict[str, str], job: str) -> dict[str, int]:
+    done = await hutch(env, "status", job, "--json")
+    assert done.code == 0, done
+    (row,) = json.loads(done.out)
+    return row  # type: ignore[no-any-return]
+
+
+async def test_submit_status_and_export_drive_a_job_on_running_services_storing_each_url_once(
+    settings: Settings, env: dict[str, str], sandbox: Sandbox, services: Services, tmp_path: Path
+) -> None:
+    urls = sandbox.urls()
+    text = "# the whole sandbox, five pages twice\n\n" + "".join(f"{url}\n" for url in urls + urls[:5])
+    urls_file = write(tmp_path / "urls.txt", text)
+    spec = write(tmp_path / "spec.yaml", SPEC_YAML)
+
+    done = await hutch(env, "submit", str(urls_file), "--job", "cli-job", "--spec", str(spec))
+    assert done.code == 0, done
+    assert done.out == "cli-job\n"
+    assert f"submitted {len(urls)} tasks to job cli-job, 5 duplicate lines" in done.err
+
+    deadline = time.monotonic() + 60
+    while (row := await status_of(env, "cli-job"))["pending"]:
+        assert time.monotonic() < deadline, row
+        await asyncio.sleep(0.5)
+    total = len(urls)
+    assert row == {"job": "cli-job", "total": total, "stored": total, "dead": 0, "in_flight": 0, "pending": 0}
+
+    table = await hutch(env, "status")
+    assert table.code == 0, table
+    assert table.out.splitlines()[0].split() == ["job", "total", "stored", "dead", "pending", "in", "flight"]
+    assert f"cli-job {total} {total} 0 0 0" in [" ".join(line.split()) for line in table.out.splitlines()]
+    every = await hutch(env, "status", "--json")
+    assert every.code == 0 and [r["job"] for r in json.loads(every.out)] == ["cli-job"], every
+
+    out = tmp_path / "export.jsonl"
+    exported = await hutch(env, "export", "cli-job", "--out", str(out))
+    assert exported.code == 0, exported
+    assert f"exported {total} items to {out}" in exported.err
+    items = jsonl(out)
+    assert sorted(item["url"] for item in items) == sorted(urls)  # type: ignore[type-var]
+    check_items(sandbox, items, ("title", "links"))
+    to_stdout = await hutch(env, "export", "cli-job")
+    assert to_stdout.code == 0 and to_stdout.out == out.read_text(encoding="utf-8"), to_stdout
+
+    fetched = len([r for r in sandbox.log if r.kind == "site"])
+    again = await hutch(env, "submit", str(urls_file), "--job", "cli-job", "--spec", str(spec))
+    assert again.code == 0 and again.out == "cli-job\n", again
+    assert f"submitted 0 tasks to job cli-job, {total} already known" in again.err
+    await asyncio.sleep(1.5)  # time enough for a wrongly republished task to be fetched
+    assert len([r for r in sandbox.log if r.kind == "site"]) == fetched
+    tasks = stored_tasks(settings, "cli-job")
+    assert sorted(t["url"] for t in tasks) == sorted(urls)  # type: ignore[type-var]
+    assert await status_of(env, "cli-job") == row
+
+
+# -- input that cannot be used ---------------------------------------------------------------------
+
+
+async def test_a_url_file_with_an_invalid_line_is_refused_with_its_line_number_and_nothing_submitted(
+    settings: Settings, env: dict[str, str], tmp_path: Path
+) -> None:
+    good = ["http://127.0.0.1:9/a", "http://127.0.0.1:9/b", "https://example.invalid/c"]
+    urls_file = write(tmp_path / "mixed.txt", f"{good[0]}\nftp://x\nnot a url\n{good[1]}\n{good[2]}\n")
+    await declare_topology(settings)
+    domains = {domain_of(url) for url in good}
+
+    for command in ("submit", "run"):
+        done = await hutch(env, command, str(urls_file))
+        refused_in_one_sentence(done, "mixed.txt line 2", "ftp://x")
+    assert stored_tasks(settings, "mixed") == []
+    assert not job_exists(settings, "mixed")
+    assert set((await queued_messages(settings, domains)).values()) == {0}
+
+    done = await hutch(env, "submit", str(urls_file), "--skip-invalid")
+    assert done.code == 0, done
+    assert done.out == "mixed\n"
+    skipped = [line for line in done.err.splitlines() if line.startswith("skipped")]
+    assert [line.split(":")[0] for line in skipped] == ["skipped line 2", "skipped line 3"]
+    assert "ftp://x" in skipped[0] and "not a url" in skipped[1]
+    assert sorted(t["url"] for t in stored_tasks(settings, "mixed")) == sorted(good)  # type: ignore[type-var]
+    # No governor runs: every published task waits in the unrouted queue, once.
+    waiting = await queued_messages(settings, domains)
+    assert sum(waiting.values()) == len(good)
+    assert waiting[f"{settings.namespace}.v1.frontier.unrouted"] == len(good)
+
+
+@pytest.mark.parametrize(
+    ("rule", "why"),
+    [
+        ('"cs:title::text"', "unknown selector kind"),
+        ('"css:title[[["', "broken css selector"),
+        ('"xpath://h1[["', "broken xpath selector"),
+    ],
+)
+async def test_a_spec_with_a_bad_selector_is_refused_before_anything_is_submitted(
+    settings: Settings, env: dict[str, str], tmp_path: Path, rule: str, why: str
+) -> None:
+    urls_file = write(tmp_path / "good.txt", "http://127.0.0.1:9/a\nhttp://127.0.0.1:9/b\n")
+    spec = write(tmp_path / "spec.yaml", f'fields:\n  price: "css:span.price::text"\n  title: {rule}\n')
+    await declare_topology(settings)
+    for command in ("submit", "run"):
+        done = await hutch(env, command, str(urls_file), "--spec", str(spec))
+        refused_in_one_sentence(done, "spec.yaml", "field 'title'", why)
+    assert not job_exists(settings, "good")
+    assert set((await queued_messages(settings, {"127.0.0.1:9"})).values()) == {0}
+
+
+async def test_missing_files_are_refused_in_one_sentence(env: dict[str, str], tmp_path: Path) -> None:
+    urls_file = write(tmp_path / "urls.txt", "http://127.0.0.1:9/a\n")
+    missing = str(tmp_path / "missing.txt")
+    cases = [
+        (["submit", missing], "cannot read"),
+        (["run", missing], "cannot read"),
+        (["submit", str(urls_file), "--spec", missing], "cannot read spec"),
+        (["run", str(urls_file), "--proxies", missing], "cannot read proxy file"),
+        (["sandbox", "--config", missing], "cannot read sandbox config"),
+    ]
+    results = await asyncio.gather(*(hutch(env, *args) for args, _ in cases))
+    for (_, needle), done in zip(cases, results, strict=True):
+        refused_in_one_sentence(done, needle, "missing.txt")
+
+
+async def test_an_unreachable_broker_is_one_sentence_and_exit_2_without_credentials(
+    settings: Settings, tmp_path: Path
+) -> None:
+    env = {**settings.to_env(os.environ), "HUTCH_AMQP_URL": UNREACHABLE}
+    urls_file = write(tmp_path / "urls.txt", "http://127.0.0.1:9/a\n")
+    results = await asyncio.gather(
+        hutch(env, "submit", str(urls_file)), hutch(env, "run", str(urls_file)), hutch(env, "up")
+    )
+    for done in results:
+        refused_in_one_sentence(done, "cannot reach RabbitMQ at amqp://guest:***@127.0.0.1:1/")
+        assert "guest:guest" not in done.err
+    assert not job_exists(settings, "urls")
+
+
+async def test_an_unknown_job_or_a_bad_setting_is_refused_in_one_sentence(
+    settings: Settings, env: dict[str, str]
+) -> None:
+    results = await asyncio.gather(
+        hutch(env, "status", "nosuchjob"),
+        hutch(env, "status", "nosuchjob", "--json"),
+        hutch(env, "export", "nosuchjob"),
+        hutch({**env, "HUTCH_RATE": "fast"}, "status"),
+        hutch({**env, "HUTCH_STORE_URL": "postgres://db/hutch"}, "export", "nosuchjob"),
+    )
+    for done in results[:3]:
+        refused_in_one_sentence(done, "no job named 'nosuchjob'")
+        assert done.out == ""
+    refused_in_one_sentence(results[3], "invalid setting HUTCH_RATE")
+    refused_in_one_sentence(results[4], "unsupported store URL scheme")
+
+
+# -- long-running commands ------------------------------------------------------------------------
+
+
+async def test_up_starts_every_service_and_sigint_stops_them_all(settings: Settings, env: dict[str, str]) -> None:
+    labels = ("governor", "fetcher.1", "fetcher.2", "proxy-manager", "parser", "storer")
+    process = await start(env, "up", "--fetchers", "2")
+    try:
+        assert process.stderr is not None
+
+        def all_ready(lines: list[str]) -> bool:
+            ready = {line.split()[0] for line in lines if " ready (broker " in line}
+            return ready >= set(labels)
+
+        await read_until(process.stderr, all_ready, timeout=45)
+        assert len(set(processes_of(settings.namespace)) - {process.pid}) == len(labels)
+        interrupted = time.monotonic()
+        process.send_signal(signal.SIGINT)
+        _, err = await asyncio.wait_for(process.communicate(), settings.shutdown_grace + 10)
+        assert time.monotonic() - interrupted < settings.shutdown_grace + 5
+    finally:
+        await stop(process, signal.SIGKILL, grace=5)
+    assert process.returncode == 0
+    rest = err.decode()
+    assert "Traceback" not in rest
+    for label in labels:
+        service = label.split(".")[0]
+        assert re.search(rf"^{re.escape(label)}\s+\| .* {service} stopped$", rest, re.MULTILINE), (label, rest)
+    assert processes_of(settings.namespace) == []
+
+
+async def test_serve_runs_one_service_and_stops_cleanly_on_sigterm(settings: Settings, env: dict[str, str]) -> None:
+    process = await start(env, "serve", "fetcher")
+    try:
+        assert process.stderr is not None
+        await read_until(process.stderr, lambda lines: any("fetcher ready (broker " in x for x in lines), 30)
+        process.send_signal(signal.SIGTERM)
+        _, err = await asyncio.wait_for(process.communicate(), settings.shutdown_grace + 10)
+    finally:
+        await stop(process, signal.SIGKILL, grace=5)
+    assert process.returncode == 0
+    assert "fetcher stopped" in err.decode() and "Traceback" not in err.decode()
+
+
+async def test_sandbox_writes_its_url_and_proxy_files_and_serves_until_sigterm(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    urls_out, proxies_out = tmp_path / "out" / "urls.txt", tmp_path / "out" / "proxies.txt"
+    process = await start(
+        env, "sandbox", "--config", str(SANDBOX_CONFIG), "--urls-out", str(urls_out), "--proxies-out", str(proxies_out)
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while not (urls_out.exists() and proxies_out.exists()):
+            assert process.returncode is None and time.monotonic() < deadline, "no files from the sandbox"
+            await asyncio.sleep(0.1)
+        urls = urls_out.read_text().split()
+        assert len(urls) == 24 and all(PAGE.match(urlsplit(url).path) for url in urls)
+        tiers = [line.split()[1] for line in proxies_out.read_text().splitlines()]
+        assert tiers == ["datacenter", "residential"]
+        async with httpx.AsyncClient(timeout=5) as client:
+            response = await client.get(urls[3])
+        assert response.status_code == 200
+        assert Selector(response.text).css("title::text").get() == expected_page("north", 3)["title"]
+        process.send_signal(signal.SIGTERM)
+        out, err = await asyncio.wait_for(process.communicate(), 10)
+    finally:
+        await stop(process, signal.SIGKILL, grace=5)
+    assert process.returncode == 0, err
+    assert out.decode().splitlines()[-1] == "sandbox stopped"
