@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 
 from hutch.models import DeadLetter, Event, Item
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 STATES = ("new", "queued", "in_flight", "retrying", "stored", "dead")
 TERMINAL = ("stored", "dead")
 
@@ -76,8 +76,6 @@ _SCHEMA = [
         outcome TEXT,
         status INTEGER,
         proxy_id TEXT,
-        tier TEXT,
-        cost REAL,
         elapsed REAL,
         next TEXT,
         delay REAL,
@@ -96,10 +94,15 @@ _SCHEMA = [
         attempts INTEGER,
         letter TEXT NOT NULL,
         dead_at REAL NOT NULL,
-        replayed_at REAL,
-        purged_at REAL
+        replayed_at REAL
     );
     CREATE INDEX dead_by_job ON dead (job, reason, domain);
+    """,
+    # version 2: proxy tier and cost per attempt; purged dead letters
+    """
+    ALTER TABLE attempts ADD COLUMN tier TEXT;
+    ALTER TABLE attempts ADD COLUMN cost REAL;
+    ALTER TABLE dead ADD COLUMN purged_at REAL;
     """,
 ]
 

@@ -24,6 +24,7 @@ from hutch import telemetry
 from hutch.amqp import Broker, BrokerUnreachable, PublishFailed
 from hutch.models import Spec
 from hutch.services import SERVICES, service_class
+from hutch.services.control import dlq
 from hutch.services.control.submit import UrlFileError, check_urls, submit, valid_urls
 from hutch.services.control.supervisor import Supervisor
 from hutch.services.parser.spec import SpecError, load_spec
@@ -346,6 +347,17 @@ async def cmd_run(args: argparse.Namespace) -> int:
     return 0 if counts.pending == 0 else 1
 
 
+def cmd_dlq(args: argparse.Namespace) -> int:
+    settings = _settings()
+    try:
+        code: int = args.dlq_run(settings, args)
+    except (LookupError, PermissionError) as exc:
+        raise UserError(str(exc)) from None
+    except BrokerUnreachable as exc:
+        raise UserError(f"{exc}. Start RabbitMQ (`make broker`) or set HUTCH_AMQP_URL.") from None
+    return code
+
+
 def cmd_sandbox(args: argparse.Namespace) -> int:
     from hutch.sandbox import ConfigError, load_config, run_forever
 
@@ -415,6 +427,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--proxies-out", help="write the proxy file here")
     p.add_argument("--access-log", help="append every request as JSON lines here")
     p.set_defaults(run=cmd_sandbox, is_async=False)
+
+    dlq.add_parser(sub)
+    sub.choices["dlq"].set_defaults(run=cmd_dlq, is_async=False)
     return parser
 
 
