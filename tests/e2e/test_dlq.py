@@ -68,7 +68,8 @@ async def test_dead_letters_are_listed_shown_replayed_after_healing_and_purged(
     assert [a["outcome"] for a in history] == ["server_error"] * 3
     assert all(a["status"] == 500 for a in history)
 
-    code, out, _ = await hutch(settings, "dlq", "replay", "--job", "dlq", "--reason", "server_error", "--reset-attempts")
+    replay = ("dlq", "replay", "--job", "dlq", "--reason", "server_error", "--reset-attempts")
+    code, out, _ = await hutch(settings, *replay)
     assert code == 0 and "replayed 1" in out
     counts = await services.wait_done("dlq", timeout=60)
     assert (counts.stored, counts.dead) == (4, 2)
