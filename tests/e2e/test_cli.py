@@ -42,7 +42,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
 
 HERE = Path(__file__).parent
 SANDBOX_CONFIG = HERE / "sandbox-cli.yaml"
-COMMANDS = ("up", "serve", "submit", "status", "run", "export", "sandbox")
+COMMANDS = ("up", "serve", "submit", "status", "run", "export", "sandbox", "dlq")
 SCRIPT = Path(sys.executable).with_name("hutch")
 # The installed console script; cli.py has no __main__ guard, so without it, call main().
 HUTCH = (
