@@ -355,10 +355,10 @@ class Store:
         return result
 
     def items(self, job: str) -> Iterator[dict[str, Any]]:
-        for row in self.db.execute(
-            "SELECT url, fields FROM items WHERE job = ? ORDER BY url", (job,)
-        ):
-            yield {"url": row["url"], **json.loads(row["fields"])}
+        """A job's items; `url` is always the URL submitted (after redirects too)."""
+        for row in self.db.execute("SELECT url, fields FROM items WHERE job = ? ORDER BY url", (job,)):
+            fields = json.loads(row["fields"])
+            yield {"url": row["url"], **{k: v for k, v in fields.items() if k != "url"}}
 
     def attempts(self, task_id: str) -> list[dict[str, Any]]:
         rows = self.db.execute(
