@@ -9,6 +9,7 @@ testcontainers start one. Failing all that, broker tests are skipped locally and
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import shutil
@@ -20,9 +21,11 @@ from pathlib import Path
 from urllib.parse import quote, urlsplit, urlunsplit
 
 import pytest
+from hutch.admin import delete_namespace
 from hutch.settings import Settings
 
 DEFAULT_URL = "amqp://guest:guest@127.0.0.1:5672/"
+OWN_VHOST = pytest.StashKey[bool]()
 
 
 def _reachable(url: str) -> bool:
@@ -47,7 +50,7 @@ def _with_vhost(url: str, vhost: str) -> str:
 
 
 @pytest.fixture(scope="session")
-def amqp_url() -> Iterator[str]:
+def amqp_url(request: pytest.FixtureRequest) -> Iterator[str]:
     base = os.environ.get("HUTCH_AMQP_URL", DEFAULT_URL)
     container = None
     if not _reachable(base):
@@ -68,9 +71,11 @@ def amqp_url() -> Iterator[str]:
     user = urlsplit(base).username or "guest"
     if local and _rabbitmqctl("add_vhost", vhost):
         _rabbitmqctl("set_permissions", "-p", vhost, user, ".*", ".*", ".*")
+        request.config.stash[OWN_VHOST] = True
         yield _with_vhost(base, vhost)
         _rabbitmqctl("delete_vhost", vhost)
     else:
+        request.config.stash[OWN_VHOST] = False
         yield base
     if container is not None:
         container.stop()
@@ -83,9 +88,12 @@ def namespace(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
-def settings(amqp_url: str, namespace: str, tmp_path: Path) -> Settings:
-    """Settings for one test: its own namespace and store, short delay tiers and timeouts."""
-    return Settings(
+def settings(amqp_url: str, namespace: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Settings]:
+    """Settings for one test: its own namespace and store, short delay tiers and timeouts.
+
+    Without a vhost of the session's own, the test's namespace is deleted after it.
+    """
+    settings = Settings(
         amqp_url=amqp_url,
         namespace=namespace,
         data_dir=tmp_path / "data",
@@ -100,6 +108,9 @@ def settings(amqp_url: str, namespace: str, tmp_path: Path) -> Settings:
         shutdown_grace=3.0,
         publish_timeout=5.0,
     )
+    yield settings
+    if not request.config.stash.get(OWN_VHOST, True):
+        asyncio.run(delete_namespace(settings))
 
 
 def service_env(settings: Settings, **extra: str) -> dict[str, str]:

@@ -9,7 +9,7 @@ import pytest
 from aio_pika.abc import AbstractIncomingMessage
 from hutch.amqp import Broker, Dead, PublishFailed, RpcClient, declare_queue, serve_rpc
 from hutch.domains import routing_key
-from hutch.models import DeadLetter, Lease, LeaseRequest, Task, decode, task_id
+from hutch.models import DeadLetter, DomainRecord, Lease, LeaseRequest, Task, decode, task_id
 from hutch.settings import Settings
 
 pytestmark = pytest.mark.timeout(60)
@@ -61,8 +61,9 @@ async def test_task_for_an_unknown_domain_falls_through_to_unrouted(broker: Brok
 async def test_retry_tier_dead_letters_back_into_the_tasks_own_domain_queue(broker: Broker) -> None:
     topology = broker.topology
     channel = await broker.channel()
-    await declare_queue(channel, topology.domain_queue("127.0.0.1:9"))
-    await declare_queue(channel, topology.domain_queue("127.0.0.1:10"))
+    for domain in ("127.0.0.1:9", "127.0.0.1:10"):  # as the governor does: declared and registered
+        await declare_queue(channel, topology.domain_queue(domain))
+        await broker.publish("", topology.domains, DomainRecord(domain=domain))
     task = make_task()
     started = time.monotonic()
     await broker.publish(topology.tier_exchange(0.5), routing_key(task.domain), task)
