@@ -22,7 +22,7 @@ async def registered_domains(broker: Broker, idle: float = 0.5) -> set[str]:
     found: set[str] = set()
     channel = await broker.channel(prefetch=1000)
     try:
-        queue = await channel.declare_queue(broker.topology.domains, passive=True, robust=False)
+        queue = await channel.declare_queue(broker.topology.domains, passive=True)
         seen = asyncio.Event()
 
         async def on_record(message: AbstractIncomingMessage) -> None:

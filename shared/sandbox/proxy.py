@@ -152,7 +152,7 @@ class ProxyServer(Listener):
         try:
             request = await read_request(reader)
         except BadRequest as exc:
-            await self._answer(writer, exchange, exc.status, exc.detail, error=exc.error)
+            await self._answer(writer, exchange, exc.status, exc.detail, error="http_request_error")
             return
         if request is None:
             return

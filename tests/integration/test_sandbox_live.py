@@ -417,3 +417,28 @@ async def test_the_command_line_writes_seed_files_and_stops_on_sigterm(tmp_path:
     output = stdout.decode()
     assert "books" in output and "sandbox stopped" in output
     assert not ready.exists()
+
+
+async def test_a_proxy_answers_a_malformed_request_itself_and_says_so_in_proxy_status() -> None:
+    async with sandbox() as sb:
+        proxy = sb.proxies["dc1"]
+        reader, writer = await asyncio.open_connection("127.0.0.1", proxy.port)
+        writer.write(b"NONSENSE\r\n\r\n")
+        await writer.drain()
+        answer = await asyncio.wait_for(reader.read(), 5)
+        writer.close()
+        head = answer.decode("latin-1").split("\r\n\r\n", 1)[0]
+        assert head.startswith("HTTP/1.1 4")
+        assert "Proxy-Status: dc1; error=http_request_error" in head
+
+
+async def test_a_proxy_names_its_own_failure_but_not_a_site_it_cannot_reach() -> None:
+    failing = {"name": "flaky", "tier": "datacenter", "source": "127.0.1.9", "fail": 1.0}
+    async with sandbox(proxies=[*PROXIES, failing]) as sb:
+        async with client(sb.proxies["flaky"].url) as http:
+            own = await http.get(sb.sites["books"].base_url + "/page/1")
+        async with client(sb.proxies["dc1"].url) as http:
+            unreachable = await http.get("http://127.0.0.1:1/")
+    assert own.status_code == 502 and own.headers["proxy-status"] == "flaky; error=proxy_internal_error"
+    assert unreachable.status_code == 502
+    assert unreachable.headers["proxy-status"] == "dc1; error=destination_unavailable"
