@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 
 from aio_pika.abc import AbstractIncomingMessage
+
 from hutch.amqp import Broker
 from hutch.models import DecodeError, DomainRecord, decode
 from hutch.settings import Settings

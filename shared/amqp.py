@@ -35,11 +35,12 @@ from aio_pika.abc import (
     AbstractRobustConnection,
 )
 from aio_pika.exceptions import AMQPError, DeliveryError, PublishError
+from opentelemetry import trace
+
 from hutch import telemetry
 from hutch.models import DeadLetter, DecodeError, Model, Page, Task, decode, encode
 from hutch.settings import Settings
 from hutch.topology import QueueSpec, Topology
-from opentelemetry import trace
 
 log = logging.getLogger(__name__)
 M = TypeVar("M", bound=Model)

@@ -168,10 +168,12 @@ class Topology:
             # (oldest dropped), since stale health reports are worth little.
             QueueSpec(
                 self.events_proxy,
-                {**plain, "x-max-length": 100_000},
+                {**plain, "x-max-length": 100_000, "x-single-active-consumer": True},
                 ((self.events, "outcome.#"),),
             ),
-            QueueSpec(self.rpc_proxy, plain),
+            # One proxy-manager answers at a time (its caps and bans are in its memory); a
+            # second one waits as standby and takes over when the first goes away.
+            QueueSpec(self.rpc_proxy, {**plain, "x-single-active-consumer": True}),
             QueueSpec(
                 self.domains,
                 {"x-queue-type": "stream", "x-max-length-bytes": 256 * 1024 * 1024},

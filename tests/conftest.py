@@ -21,6 +21,7 @@ from pathlib import Path
 from urllib.parse import quote, urlsplit, urlunsplit
 
 import pytest
+
 from hutch.admin import delete_namespace
 from hutch.settings import Settings
 

@@ -20,6 +20,8 @@ from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from hutch import telemetry
 from hutch.amqp import Broker, BrokerUnreachable, PublishFailed
 from hutch.models import Spec
@@ -31,7 +33,6 @@ from hutch.services.parser.spec import SpecError, load_spec
 from hutch.services.proxy_manager.pool import PoolError, load_pool
 from hutch.settings import Settings
 from hutch.store import AsyncStore, JobCounts, Store, StoreError
-from pydantic import ValidationError
 
 
 class UserError(Exception):

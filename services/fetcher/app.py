@@ -21,6 +21,7 @@ import time
 
 import httpx
 from aio_pika.abc import AbstractIncomingMessage
+
 from hutch.amqp import RpcClient
 from hutch.domains import InvalidURL, domain_of, routing_key
 from hutch.models import Attempt, Event, FetcherHeartbeat, Lease, LeaseRequest, Page, RobotsFetched, Task

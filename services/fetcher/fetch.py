@@ -18,6 +18,7 @@ from urllib.parse import urljoin, urlsplit
 
 import httpcore
 import httpx
+
 from hutch.services.fetcher.guard import ForbiddenTarget, GuardedBackend, ResolveError, TargetGuard
 from hutch.services.fetcher.policy import FetchResult, Policy, outcome_of_status
 

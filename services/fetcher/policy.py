@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
+
 from hutch.models import Attempt
 
 Action = Literal["parse", "retry", "frontier", "dead"]

@@ -12,6 +12,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from aio_pika.abc import AbstractIncomingMessage
+
 from hutch.amqp import Dead
 from hutch.models import Item, Page
 from hutch.service import Service

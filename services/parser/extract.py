@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from hutch.models import Spec
 from parsel import Selector
+
+from hutch.models import Spec
 
 
 def extract(text: str, url: str, status: int, spec: Spec | None) -> dict[str, Any]:

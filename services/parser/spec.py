@@ -19,9 +19,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from hutch.models import FieldRule, Spec
 from parsel import Selector
 from parsel.csstranslator import HTMLTranslator
+
+from hutch.models import FieldRule, Spec
 
 DEFAULT_FIELDS = ("url", "status", "title")
 _TRANSLATOR = HTMLTranslator()

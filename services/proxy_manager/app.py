@@ -1,37 +1,210 @@
-"""The proxy-manager's wiring: answer lease requests from the pool.
+"""The proxy-manager's wiring: lease RPC, outcome reports, pool reloads, probes, saved state.
 
-No pool configured (`HUTCH_PROXY_FILE` unset) means every lease says "direct"; a
-configured pool is never bypassed.
+No pool configured (`HUTCH_PROXY_FILE` unset) means every lease says "direct"; a configured
+pool is never bypassed: when no proxy can be used now the lease says when to ask again.
+The logic is in broker-free modules (`leases`, `health`, `tiers`); this module only feeds
+them: lease requests from `rpc.proxy` (answered by direct reply), outcome events from the
+durable `events.proxy-manager` queue, the pool file when it changes (checked every
+`HUTCH_PROXY_RELOAD_INTERVAL` seconds, and at once on SIGHUP), probe results, and the state
+file at start. Proxy URLs appear only in the leases' `url`; logs name proxies by id.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
+import signal
+import time
+from pathlib import Path
+
+from aio_pika.abc import AbstractIncomingMessage
 
 from hutch.amqp import serve_rpc
-from hutch.models import Lease, LeaseRequest
+from hutch.models import Event, Lease, LeaseRequest
 from hutch.service import Service
-from hutch.services.proxy_manager.pool import RoundRobin, load_pool
+from hutch.services.proxy_manager import state
+from hutch.services.proxy_manager.health import HealthConfig
+from hutch.services.proxy_manager.leases import Selector, SelectorConfig, describe
+from hutch.services.proxy_manager.pool import PoolError, PoolFile, parse_tier_floors
+from hutch.services.proxy_manager.probe import probe
+from hutch.services.proxy_manager.tiers import TierConfig
+from hutch.settings import Settings
 
 log = logging.getLogger(__name__)
+SAVE_EVERY = 0.25  # seconds between a change and its write to the state file, at most
+
+
+class ConfigurationError(SystemExit):
+    """A pool file or setting the manager cannot start with; the message says which."""
+
+
+def selector_config(settings: Settings, probe_url: str | None = None) -> SelectorConfig:
+    s = settings
+    try:
+        floors = parse_tier_floors(s.proxy_tier_floors, "HUTCH_PROXY_TIER_FLOORS")
+    except PoolError as exc:
+        raise ConfigurationError(f"proxy-manager: {exc}") from None
+    return SelectorConfig(
+        rate_cap=s.proxy_domain_rate or s.rate * s.proxy_rate_fraction,
+        tier_floors=floors,
+        health=HealthConfig(
+            ban_seconds=s.proxy_ban_seconds,
+            ban_max=s.proxy_ban_max,
+            dead_after=s.proxy_dead_after,
+            probe_interval=s.proxy_probe_interval,
+            active_probe=(probe_url or s.proxy_probe_url) is not None,
+        ),
+        tiers=TierConfig(
+            escalate_blocks=s.proxy_escalate_blocks,
+            window=s.proxy_escalate_window,
+            trial_interval=s.proxy_tier_probe_interval,
+            deescalate_after=s.proxy_deescalate_after,
+        ),
+    )
 
 
 class ProxyManager(Service):
     name = "proxy-manager"
 
+    def __init__(self, settings: Settings) -> None:
+        super().__init__(settings)
+        self.selector = Selector(selector_config(settings), time.time)
+        self.pool_file = PoolFile(settings.proxy_file) if settings.proxy_file else None
+        self.state_path = Path(settings.data_dir) / state.FILENAME
+        self._saved_version = -1
+        self._tasks: list[asyncio.Task[None]] = []
+        self._reload_now = asyncio.Event()
+
     async def start(self) -> None:
-        proxies = load_pool(self.settings.proxy_file) if self.settings.proxy_file else []
-        self.pool = RoundRobin(proxies)
-        tiers = sorted({p.tier for p in proxies})
-        log.info("proxy pool: %d proxies (%s)", len(proxies), ", ".join(tiers) or "direct")
-        await serve_rpc(self.broker, self.broker.topology.rpc_proxy, LeaseRequest, self._lease)
+        if self.pool_file is not None:
+            try:
+                pool = self.pool_file.load()
+            except PoolError as exc:
+                raise ConfigurationError(f"proxy-manager: {exc}") from None
+            if not pool.proxies:
+                raise ConfigurationError(f"proxy-manager: the proxy file {self.pool_file.path} lists no proxy")
+            self.selector.set_pool(pool)
+            if state.load_into(self.selector, self.state_path):
+                log.info("state restored from %s: %s", self.state_path, self.selector.summary())
+            self._saved_version = self.selector.version
+            log.info(
+                "proxy pool: %d proxies (%s)",
+                len(pool.proxies),
+                ", ".join(f"{sum(p.tier == t for p in pool.proxies)} {t}" for t in pool.tiers),
+            )
+            self._tasks = [
+                asyncio.create_task(self._watch_pool()),
+                asyncio.create_task(self._save_loop()),
+                asyncio.create_task(self._probe_loop()),
+            ]
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, self._reload_now.set)
+        else:
+            log.info("proxy pool: none configured; every lease is direct")
+        topology = self.broker.topology
+        await serve_rpc(self.broker, topology.rpc_proxy, LeaseRequest, self._lease)
+        await self.broker.consume(topology.events_proxy, Event, self._on_event, stage="proxy-health", prefetch=500)
+
+    async def stop(self) -> None:
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self.pool_file is not None:
+            await self._save()
+
+    # -- the two message flows ----------------------------------------------------------------
 
     async def _lease(self, request: LeaseRequest) -> Lease:
-        if not self.pool.proxies:
+        if self.pool_file is None:
             return Lease(direct=True)
-        proxy = self.pool.choose(set(request.exclude))
-        assert proxy is not None
-        return Lease(proxy_id=proxy.id, url=proxy.url, tier=proxy.tier)
+        return self.selector.lease(request)
+
+    async def _on_event(self, event: Event, _: AbstractIncomingMessage) -> None:
+        if self.pool_file is None:
+            return
+        for line in describe(self.selector.report(event)):
+            log.info("%s", line)
+
+    # -- background work ------------------------------------------------------------------------
+
+    async def _watch_pool(self) -> None:
+        assert self.pool_file is not None
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._reload_now.wait(), self.settings.proxy_reload_interval)
+            forced = self._reload_now.is_set()
+            self._reload_now.clear()
+            if forced or self.pool_file.changed():
+                self.reload()
+
+    def reload(self) -> bool:
+        """Re-read the pool file; a file that cannot be used leaves the current pool in place."""
+        assert self.pool_file is not None
+        try:
+            pool = self.pool_file.load()
+        except PoolError as exc:
+            log.error("proxy file not reloaded, keeping the current pool: %s", exc)
+            return False
+        if not pool.proxies:
+            log.error("proxy file not reloaded: it lists no proxy; keeping the current pool")
+            return False
+        before = set(self.selector.proxies)
+        self.selector.set_pool(pool)
+        after = set(self.selector.proxies)
+        log.info(
+            "proxy pool reloaded: %d proxies (%d added, %d removed)",
+            len(after),
+            len(after - before),
+            len(before - after),
+        )
+        return True
+
+    async def _save(self) -> None:
+        version = self.selector.version
+        data = state.snapshot(self.selector)
+        try:
+            await asyncio.to_thread(state.write_atomically, self.state_path, data)
+        except OSError as exc:
+            log.warning("proxy-manager state not saved to %s: %s", self.state_path, exc.strerror)
+            return
+        self._saved_version = version
+
+    async def _save_loop(self) -> None:
+        last_full = time.monotonic()
+        while True:
+            await asyncio.sleep(SAVE_EVERY)
+            # Bans, deaths and tier changes at once; health drifts, so every 30 s is enough for it.
+            if self.selector.version != self._saved_version or time.monotonic() - last_full > 30:
+                await self._save()
+                last_full = time.monotonic()
+
+    async def _probe_loop(self) -> None:
+        url = self.settings.proxy_probe_url
+        if url is None:
+            return  # dead proxies come back through one trial lease each (see health.py)
+        interval = min(self.settings.proxy_probe_interval, 1.0)
+        timeout = min(self.settings.connect_timeout + self.settings.read_timeout, self.settings.proxy_probe_interval)
+        while True:
+            await asyncio.sleep(interval)
+            due = self.selector.due_for_probe()
+            for proxy in due:
+                self.selector.health.probe_failed(proxy.id, time.time())  # not probed again meanwhile
+            results = await asyncio.gather(
+                *(probe(proxy, url, timeout, self.settings.user_agent) for proxy in due)
+            )
+            for proxy, (ok, what) in zip(due, results, strict=True):
+                changes = self.selector.probed(proxy.id, ok)
+                if ok:
+                    log.info("proxy %s answered its probe (%s): back in the pool", proxy.id, what)
+                else:
+                    log.info("proxy %s still dead: probe failed (%s)", proxy.id, what)
+                for line in describe(changes):
+                    log.debug("%s", line)
 
 
 SERVICE = ProxyManager

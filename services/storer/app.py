@@ -7,6 +7,7 @@ keyed so that a redelivered message changes nothing (see `hutch.store`).
 from __future__ import annotations
 
 from aio_pika.abc import AbstractIncomingMessage
+
 from hutch.models import DeadLetter, Event, Item
 from hutch.service import Service
 from hutch.store import AsyncStore

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+
 from hutch.sandbox import Sandbox, load_config
 from hutch.services.control.supervisor import Supervisor
 from hutch.settings import Settings

@@ -29,12 +29,13 @@ from urllib.parse import urlsplit
 import aiormq
 import httpx
 import pytest
+from parsel import Selector
+
 from hutch.amqp import Broker
 from hutch.domains import domain_of
 from hutch.sandbox import Sandbox, expected_page, load_config
 from hutch.settings import Settings
 from hutch.store import Store
-from parsel import Selector
 
 from .conftest import Services
 

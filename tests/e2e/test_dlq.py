@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from hutch.sandbox import Sandbox
 from hutch.settings import Settings
 

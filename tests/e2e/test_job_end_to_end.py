@@ -11,6 +11,7 @@ import time
 from urllib.parse import urlsplit
 
 import pytest
+
 from hutch.amqp import Broker
 from hutch.models import FieldRule, Spec
 from hutch.sandbox import Sandbox, expected_page

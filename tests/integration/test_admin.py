@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from aio_pika.exceptions import ChannelClosed
+
 from hutch.admin import delete_namespace, registered_domains
 from hutch.amqp import Broker, declare_queue
 from hutch.models import DomainRecord

@@ -7,6 +7,7 @@ import time
 
 import pytest
 from aio_pika.abc import AbstractIncomingMessage
+
 from hutch.amqp import Broker, Dead, PublishFailed, RpcClient, declare_queue, serve_rpc
 from hutch.domains import routing_key
 from hutch.models import DeadLetter, DomainRecord, Lease, LeaseRequest, Task, decode, task_id

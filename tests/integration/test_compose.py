@@ -22,6 +22,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
+
 from hutch.services import SERVICES
 from hutch.settings import Settings
 

@@ -14,6 +14,8 @@ from typing import Any
 
 import httpx
 import pytest
+from parsel import Selector
+
 from hutch.sandbox import (
     BLOCK_MARKER,
     CHALLENGE_MARKER,
@@ -23,7 +25,6 @@ from hutch.sandbox import (
     expected_page,
     wait_for_ready_file,
 )
-from parsel import Selector
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(30)]
 

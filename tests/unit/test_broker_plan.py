@@ -7,6 +7,7 @@ in is one case here; `ensure` only carries the plan out.
 from __future__ import annotations
 
 import pytest
+
 from hutch.services.control.broker import Machine, Plan, plan
 
 LOCAL = "amqp://admin:s3cret-pw@127.0.0.1:5672/"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from hutch.services.governor.buckets import Buckets, TokenBucket
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import codecs
 
 import pytest
+
 from hutch.services.fetcher.charsets import declared_charset, decode_body
 
 FRENCH = "Café Müller: crème brûlée, naïve façade, Straße"

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import yaml
+
 from hutch.services import SERVICES
 from hutch.settings import Settings
 from hutch.topology import Topology

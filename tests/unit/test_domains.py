@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from hutch.domains import InvalidURL, domain_from_routing_key, domain_of, routing_key
 
 # -- default and explicit ports ------------------------------------------------------------------

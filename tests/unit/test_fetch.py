@@ -8,6 +8,7 @@ from __future__ import annotations
 import email.utils
 
 import pytest
+
 from hutch.services.fetcher.fetch import parse_retry_after
 
 NOW = 1_700_000_000.0  # 2023-11-14T22:13:20Z

@@ -6,6 +6,7 @@ import json
 import re
 
 import pytest
+
 from hutch.models import (
     SCHEMA_VERSION,
     Attempt,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from hutch.models import Attempt
 from hutch.services.fetcher.policy import (
     DEFAULT_RULES,

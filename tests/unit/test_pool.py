@@ -1,11 +1,23 @@
-"""The proxy pool file and round-robin choice: tiers, stable ids, hidden credentials, exclusions."""
+"""The proxy pool file: both formats, tiers, costs, stable ids, hidden credentials, reloads."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
-from hutch.services.proxy_manager.pool import PoolError, Proxy, RoundRobin, load_pool, parse_pool, proxy_id
+
+from hutch.services.proxy_manager.pool import (
+    DEFAULT_COST,
+    PoolError,
+    PoolFile,
+    load_pool,
+    load_pool_config,
+    parse_pool,
+    parse_tier_floors,
+    parse_yaml_pool,
+    proxy_id,
+)
 
 POOL = """\
 # the lab pool
@@ -55,9 +67,20 @@ def test_an_unknown_tier_is_refused_with_its_line_number(tier: str) -> None:
         parse_pool(text, "proxies.txt")
 
 
-def test_more_than_url_and_tier_on_a_line_is_refused_with_its_line_number() -> None:
-    with pytest.raises(PoolError, match="line 2: expected 'URL \\[tier\\]'"):
-        parse_pool("http://a.example:1\nhttp://b.example:2 mobile extra\n")
+def test_a_third_word_is_the_cost_of_one_request() -> None:
+    proxies = parse_pool("http://a.example:1 residential 0.004\nhttp://b.example:2 mobile\n")
+    assert [(p.tier, p.cost) for p in proxies] == [("residential", 0.004), ("mobile", DEFAULT_COST["mobile"])]
+
+
+def test_more_than_url_tier_and_cost_on_a_line_is_refused_with_its_line_number() -> None:
+    with pytest.raises(PoolError, match="line 2: expected 'URL \\[tier \\[cost\\]\\]'"):
+        parse_pool("http://a.example:1\nhttp://b.example:2 mobile 1 extra\n")
+
+
+@pytest.mark.parametrize("cost", ["cheap", "-1", "nan", "inf"])
+def test_a_cost_that_is_not_a_number_at_least_zero_is_refused_with_its_line_number(cost: str) -> None:
+    with pytest.raises(PoolError, match="line 2: the cost must be a number"):
+        parse_pool(f"http://a.example:1\nhttp://b.example:2 mobile {cost}\n")
 
 
 @pytest.mark.parametrize(
@@ -131,48 +154,113 @@ def test_the_repr_of_a_proxy_hides_its_url_and_credentials() -> None:
         assert "residential" in text
 
 
-# -- round robin ---------------------------------------------------------------------------------
+# -- YAML ----------------------------------------------------------------------------------------
+
+YAML = """\
+proxies:
+  - {url: "http://u:secret@dc1.example:8080", tier: datacenter, cost: 0.0002}
+  - {url: "http://res1.example:3128", tier: residential}
+  - {url: "http://dc2.example:8080"}
+domains:
+  shop.example: {tier_floor: residential}
+  Big.Example:8443: {tier_floor: mobile}
+"""
 
 
-def make_pool(n: int) -> list[Proxy]:
-    return [Proxy(f"px-{i}", f"http://p{i}.example:1", "datacenter") for i in range(n)]
+def test_a_yaml_pool_gives_proxies_with_tiers_costs_and_domain_floors() -> None:
+    pool = parse_yaml_pool(YAML)
+    assert [(p.tier, p.cost) for p in pool.proxies] == [
+        ("datacenter", 0.0002),
+        ("residential", DEFAULT_COST["residential"]),
+        ("datacenter", DEFAULT_COST["datacenter"]),
+    ]
+    assert pool.tier_floors == {"shop.example": "residential", "big.example:8443": "mobile"}
+    assert pool.tiers == ["datacenter", "residential"]
 
 
-def test_round_robin_takes_each_proxy_in_turn_and_wraps_around() -> None:
-    rr = RoundRobin(make_pool(3))
-    chosen = [rr.choose(set()) for _ in range(7)]
-    assert [p.id for p in chosen if p] == ["px-0", "px-1", "px-2", "px-0", "px-1", "px-2", "px-0"]
+def test_a_yaml_file_is_read_as_yaml_by_its_extension(tmp_path: Path) -> None:
+    path = tmp_path / "pool.yml"
+    path.write_text(YAML, encoding="utf-8")
+    assert len(load_pool(path)) == 3
+    assert load_pool_config(path).tier_floors["shop.example"] == "residential"
 
 
-def test_round_robin_skips_excluded_proxies() -> None:
-    rr = RoundRobin(make_pool(4))
-    chosen = [rr.choose({"px-1", "px-2"}) for _ in range(4)]
-    assert [p.id for p in chosen if p] == ["px-0", "px-3", "px-0", "px-3"]
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("proxies: {url: x}\n", "'proxies' must be a list"),
+        ("- just a list\n", "expected a mapping"),
+        ("proxies: []\nextra: 1\n", "expected a mapping"),
+        ("proxies:\n  - {url: 'http://a.example:1', colour: red}\n", "proxy 1: expected a mapping"),
+        ("proxies:\n  - {url: 'http://a.example:1', tier: gold}\n", "proxy 1: unknown tier"),
+        ("proxies: []\ndomains: {a.example: {tier_floor: gold}}\n", "needs tier_floor"),
+    ],
+)
+def test_a_bad_yaml_pool_is_refused_with_a_reason(text: str, message: str) -> None:
+    with pytest.raises(PoolError, match=message):
+        parse_yaml_pool(text, "pool.yaml")
 
 
-def test_an_exclusion_applies_only_to_the_call_it_is_given_to() -> None:
-    rr = RoundRobin(make_pool(2))
-    first = rr.choose({"px-0"})
-    second = rr.choose(set())
-    assert (first and first.id, second and second.id) == ("px-1", "px-0")
+def test_a_yaml_syntax_error_names_the_line_but_never_quotes_it() -> None:
+    text = 'proxies:\n  - {url: "http://alice:hunter2@p.example:1", tier: [\n'
+    with pytest.raises(PoolError) as caught:
+        parse_yaml_pool(text, "pool.yaml")
+    assert "not valid YAML" in str(caught.value)
+    assert "hunter2" not in str(caught.value)
+    assert "alice" not in str(caught.value)
 
 
-def test_when_every_proxy_is_excluded_one_is_still_chosen_rather_than_stalling() -> None:
-    rr = RoundRobin(make_pool(3))
-    everyone = {"px-0", "px-1", "px-2"}
-    chosen = [rr.choose(everyone) for _ in range(3)]
-    assert all(p is not None for p in chosen)
-    assert len({p.id for p in chosen if p}) == 3  # the fallback keeps rotating too
+def test_no_error_about_a_line_quotes_the_line() -> None:
+    for line in ("http://alice:hunter2@p.example:1 gold", "http://alice:hunter2@p.example:1 mobile x y",
+                 "http://alice:hunter2@p.example:bad", "ftp://alice:hunter2@p.example:1"):
+        with pytest.raises(PoolError) as caught:
+            parse_pool(line)
+        assert "hunter2" not in str(caught.value) and "alice" not in str(caught.value)
 
 
-def test_ids_that_are_not_in_the_pool_do_not_matter() -> None:
-    rr = RoundRobin(make_pool(2))
-    chosen = rr.choose({"px-unknown"})
-    assert chosen is not None
-    assert chosen.id == "px-0"
+def test_tier_floor_entries_from_the_setting_are_domain_equals_tier() -> None:
+    assert parse_tier_floors(("Shop.example=residential", "x:81=mobile"), "s") == {
+        "shop.example": "residential",
+        "x:81": "mobile",
+    }
+    with pytest.raises(PoolError, match="expected domain=tier"):
+        parse_tier_floors(("shop.example=gold",), "s")
+    with pytest.raises(PoolError, match="expected domain=tier"):
+        parse_tier_floors(("=residential",), "s")
 
 
-def test_an_empty_pool_chooses_nothing() -> None:
-    rr = RoundRobin([])
-    assert rr.choose(set()) is None
-    assert rr.choose({"px-0"}) is None
+# -- reloads -------------------------------------------------------------------------------------
+
+
+def test_a_pool_file_reports_a_change_after_a_write_and_not_before(tmp_path: Path) -> None:
+    path = tmp_path / "proxies.txt"
+    path.write_text("http://a.example:1\n", encoding="utf-8")
+    watched = PoolFile(path)
+    assert watched.changed()  # never loaded yet
+    assert [p.tier for p in watched.load().proxies] == ["datacenter"]
+    assert not watched.changed()
+    path.write_text("http://a.example:1\nhttp://b.example:2 residential\n", encoding="utf-8")
+    os.utime(path, ns=(1, 1))  # a different mtime whatever the clock's resolution
+    assert watched.changed()
+    assert len(watched.load().proxies) == 2
+    assert not watched.changed()
+
+
+def test_a_pool_file_replaced_by_a_rename_counts_as_changed(tmp_path: Path) -> None:
+    path = tmp_path / "proxies.txt"
+    path.write_text("http://a.example:1\n", encoding="utf-8")
+    watched = PoolFile(path)
+    watched.load()
+    fresh = tmp_path / "new.txt"
+    fresh.write_text("http://b.example:2\n", encoding="utf-8")
+    os.replace(fresh, path)
+    assert watched.changed()
+
+
+def test_a_vanished_pool_file_is_not_a_change_to_reload(tmp_path: Path) -> None:
+    path = tmp_path / "proxies.txt"
+    path.write_text("http://a.example:1\n", encoding="utf-8")
+    watched = PoolFile(path)
+    watched.load()
+    path.unlink()
+    assert not watched.changed()

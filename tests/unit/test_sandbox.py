@@ -6,6 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from parsel import Selector
+
 from hutch.sandbox import ConfigError, FaultConfig, SandboxConfig, expected_page, load_config
 from hutch.sandbox.pages import charset_page, charset_text, render_page
 from hutch.sandbox.rules import (
@@ -16,7 +18,6 @@ from hutch.sandbox.rules import (
     is_datacenter,
     latency_seconds,
 )
-from parsel import Selector
 
 
 def _write(tmp_path: Path, text: str) -> Path:

@@ -6,8 +6,9 @@ import os
 from pathlib import Path
 
 import pytest
-from hutch.settings import DEFAULT_RETRY_DELAYS, Settings, redact_url
 from pydantic import ValidationError
+
+from hutch.settings import DEFAULT_RETRY_DELAYS, Settings, redact_url
 
 
 @pytest.fixture(autouse=True)

@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 
 import pytest
+
 from hutch.models import FieldRule
 from hutch.services.parser.spec import SpecError, load_spec, parse_spec
 

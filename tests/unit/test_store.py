@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from hutch.models import DeadLetter, Event, Item, Task, task_id
 from hutch.store import SCHEMA_VERSION, JobCounts, Store, StoreError, sqlite_path
 

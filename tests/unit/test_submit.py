@@ -9,6 +9,7 @@ import codecs
 from pathlib import Path
 
 import pytest
+
 from hutch.services.control.submit import UrlFileError, check_urls, valid_urls
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from hutch.topology import VERSION, QueueSpec, Topology, tier_label
 
 DELAYS = (1, 5, 30, 120, 600, 3600)
