@@ -30,6 +30,7 @@ from hutch.services.control import dlq
 from hutch.services.control.submit import UrlFileError, check_urls, submit, valid_urls
 from hutch.services.control.supervisor import Supervisor
 from hutch.services.parser.spec import SpecError, load_spec
+from hutch.services.proxy_manager.costs import cost_summary
 from hutch.services.proxy_manager.pool import PoolError, load_pool
 from hutch.settings import Settings
 from hutch.store import AsyncStore, JobCounts, Store, StoreError
@@ -204,18 +205,30 @@ def cmd_status(args: argparse.Namespace) -> int:
         raise UserError(str(exc)) from None
     try:
         rows = store.counts(args.job)
+        costs = cost_summary(store, args.job)
     finally:
         store.close()
     if args.job and not rows:
         raise UserError(f"no job named {args.job!r} in the store {settings.store_location}")
     if args.json:
-        print(json.dumps([row.__dict__ for row in rows]))
+        by_job: dict[str, list[dict[str, Any]]] = {}
+        for cost in costs:
+            by_job.setdefault(cost["job"], []).append(cost)
+        print(json.dumps([{**row.__dict__, "costs": by_job.get(row.job, [])} for row in rows]))
         return 0
     print(f"{'job':<24} {'total':>8} {'stored':>8} {'dead':>8} {'pending':>8} {'in flight':>9}")
     for row in rows:
         print(
             f"{row.job:<24} {row.total:>8} {row.stored:>8} {row.dead:>8} {row.pending:>8} {row.in_flight:>9}"
         )
+    if costs:
+        print()
+        print(f"{'job':<24} {'domain':<28} {'tier':<12} {'requests':>8} {'ok':>8} {'est. cost':>10}")
+        for cost in costs:
+            print(
+                f"{cost['job']:<24} {cost['domain']:<28} {cost['tier']:<12} {cost['requests']:>8} "
+                f"{cost['ok']:>8} {cost['cost']:>10.4f}"
+            )
     return 0
 
 

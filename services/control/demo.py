@@ -16,6 +16,7 @@ import os
 import sys
 from pathlib import Path
 
+from hutch.admin import delete_namespace
 from hutch.models import FieldRule, Spec
 from hutch.sandbox import Sandbox, load_config
 from hutch.services.control.cli import UserError, run_job
@@ -61,6 +62,8 @@ async def demo(data_dir: Path) -> int:
                 "retry_delays": (0.5, 1.0, 2.0, 5.0),
             }
         )
+        # A fresh namespace too: queues of an earlier demo (other ports, older bindings) go.
+        await delete_namespace(settings)
         job = "demo"
         out = folder / "items.jsonl"
         counts = await run_job(settings, urls_file, job, SPEC, fetchers=2, timeout=600, out=out)
