@@ -31,7 +31,7 @@ from hutch.services.control.submit import UrlFileError, check_urls, submit, vali
 from hutch.services.control.supervisor import Supervisor
 from hutch.services.parser.spec import SpecError, load_spec
 from hutch.services.proxy_manager.costs import cost_summary
-from hutch.services.proxy_manager.pool import PoolError, load_pool
+from hutch.services.proxy_manager.pool import TIERS, PoolError, load_pool
 from hutch.settings import Settings
 from hutch.store import AsyncStore, JobCounts, Store, StoreError
 
@@ -182,7 +182,7 @@ async def cmd_submit(args: argparse.Namespace) -> int:
     broker = await _connect(settings)
     store = await AsyncStore(settings.store_location).open()
     try:
-        result = await submit(broker, store, job, valid_urls(path), spec)
+        result = await submit(broker, store, job, valid_urls(path), spec, tier_floor=args.tier_floor)
     finally:
         await store.close()
         await broker.close()
@@ -287,6 +287,7 @@ async def run_job(
     timeout: float | None = None,
     out: Path | None = None,
     verbose: bool = False,
+    tier_floor: str | None = None,
 ) -> JobCounts:
     """Start the services (unless attaching), submit, wait with a progress bar, export."""
     broker = await _connect(settings)
@@ -314,7 +315,7 @@ async def run_job(
                 await supervisor.wait_ready(timeout=60)
             except TimeoutError as exc:
                 raise UserError(f"{exc}; run with --verbose to see their logs") from None
-        result = await submit(broker, store, job, valid_urls(path), spec)
+        result = await submit(broker, store, job, valid_urls(path), spec, tier_floor=tier_floor)
         print(f"job {job}: {result.published} tasks submitted", file=sys.stderr)
         deadline = time.monotonic() + timeout if timeout else None
         while True:
@@ -357,6 +358,7 @@ async def cmd_run(args: argparse.Namespace) -> int:
         timeout=args.timeout,
         out=Path(args.out) if args.out else None,
         verbose=args.verbose,
+        tier_floor=args.tier_floor,
     )
     return 0 if counts.pending == 0 else 1
 
@@ -409,6 +411,11 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--job", help="job name (default: the file's name without extension)")
         p.add_argument("--spec", help="YAML spec of the fields to extract (default url, status, title)")
         p.add_argument("--skip-invalid", action="store_true", help="submit the valid lines, list the rest")
+        p.add_argument(
+            "--tier-floor",
+            choices=TIERS,
+            help="the cheapest proxy tier this job may use (default: the proxy-manager decides per domain)",
+        )
 
     p = sub.add_parser("submit", help="submit a URL file as a job to running services")
     job_args(p)

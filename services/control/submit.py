@@ -88,6 +88,7 @@ async def submit(
     urls: Iterator[str],
     spec: Spec | None,
     progress: Callable[[int], None] | None = None,
+    tier_floor: str | None = None,
 ) -> Submitted:
     """Record and publish every URL of `urls` as a task of `job`."""
     spec_data = spec.model_dump() if spec else None
@@ -113,7 +114,7 @@ async def submit(
         result.lines += 1
         tid = task_id(job, url)
         if tid not in batch:
-            batch[tid] = Task(id=tid, job=job, url=url, domain=domain_of(url), spec=spec)
+            batch[tid] = Task(id=tid, job=job, url=url, domain=domain_of(url), spec=spec, tier_floor=tier_floor)
         if len(batch) >= BATCH:
             await flush()
     if batch:

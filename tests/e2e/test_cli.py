@@ -314,6 +314,26 @@ async def test_run_with_a_spec_a_rate_and_proxies_fetches_through_the_proxies_at
         assert min(spans) > 0.8, (name, spans)
 
 
+async def test_run_with_a_tier_floor_uses_only_proxies_of_that_tier_or_costlier(
+    settings: Settings, env: dict[str, str], sandbox: Sandbox, tmp_path: Path
+) -> None:
+    urls = sandbox.urls()
+    urls_file = write(tmp_path / "floor.txt", "".join(f"{url}\n" for url in urls))
+    proxies = write(tmp_path / "proxies.txt", sandbox.proxy_file_text())
+    done = await hutch(
+        env, "run", str(urls_file), "--proxies", str(proxies), "--tier-floor", "residential",
+        "--rate", "20/s", "--out", str(tmp_path / "floor.jsonl"), timeout=75,
+    )  # fmt: skip
+    assert done.code == 0, done
+    page_hits = [r for r in sandbox.log if r.kind == "site" and PAGE.match(r.path)]
+    residential = {p.source for p in sandbox.proxies.values() if p.tier == "residential"}
+    assert page_hits and {r.client for r in page_hits} <= residential
+    status = await hutch(env, "status", "floor", "--json")
+    (row,) = json.loads(status.out)
+    assert {c["tier"] for c in row["costs"]} == {"residential"}
+    assert sum(c["requests"] for c in row["costs"]) == len(page_hits)
+
+
 async def test_run_refuses_to_start_a_second_set_of_services_and_attach_uses_the_running_set(
     settings: Settings, env: dict[str, str], sandbox: Sandbox, services: Services, tmp_path: Path
 ) -> None:
@@ -362,7 +382,12 @@ async def test_submit_status_and_export_drive_a_job_on_running_services_storing_
         assert time.monotonic() < deadline, row
         await asyncio.sleep(0.5)
     total = len(urls)
-    assert row == {"job": "cli-job", "total": total, "stored": total, "dead": 0, "in_flight": 0, "pending": 0}
+    costs = row["costs"]
+    counts = {k: v for k, v in row.items() if k != "costs"}
+    assert counts == {"job": "cli-job", "total": total, "stored": total, "dead": 0, "in_flight": 0, "pending": 0}
+    # No pool in this test: every request went direct, and cost nothing.
+    assert {(c["tier"], c["cost"]) for c in costs} == {("direct", 0.0)}
+    assert sum(c["ok"] for c in costs) == total
 
     table = await hutch(env, "status")
     assert table.code == 0, table
