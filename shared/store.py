@@ -150,17 +150,25 @@ class Store:
         self.db.close()
 
     def _migrate(self) -> None:
-        version = self.db.execute("PRAGMA user_version").fetchone()[0]
-        if version > SCHEMA_VERSION:
-            raise StoreError(
-                f"store {self.path} has schema version {version}; this Hutch knows up to "
-                f"{SCHEMA_VERSION}: upgrade Hutch"
-            )
-        for number in range(version, SCHEMA_VERSION):
-            # executescript commits whatever is open first, so the script is its own transaction.
-            self.db.executescript(
-                f"BEGIN IMMEDIATE; {_SCHEMA[number]}; PRAGMA user_version={number + 1}; COMMIT;"
-            )
+        """Bring the schema up to SCHEMA_VERSION, one version per transaction.
+
+        The version is read again under the write lock, so processes opening a new store at
+        the same moment migrate it once, not each.
+        """
+        while True:
+            with self._tx():
+                version = self.db.execute("PRAGMA user_version").fetchone()[0]
+                if version > SCHEMA_VERSION:
+                    raise StoreError(
+                        f"store {self.path} has schema version {version}; this Hutch knows up to "
+                        f"{SCHEMA_VERSION}: upgrade Hutch"
+                    )
+                if version == SCHEMA_VERSION:
+                    return
+                for statement in _SCHEMA[version].split(";"):
+                    if statement.strip():
+                        self.db.execute(statement)
+                self.db.execute(f"PRAGMA user_version={version + 1}")
 
     def _tx(self) -> _Transaction:
         return _Transaction(self.db)

@@ -31,3 +31,20 @@ def test_a_version_1_store_is_migrated_to_the_current_schema_with_its_rows(tmp_p
         assert {"tier", "cost"} <= columns
     finally:
         store.close()
+
+
+def test_processes_opening_a_new_store_at_once_migrate_it_once(tmp_path: Path) -> None:
+    import multiprocessing
+
+    location = f"sqlite:///{tmp_path / 'new.sqlite3'}"
+    with multiprocessing.get_context("spawn").Pool(4) as pool:
+        versions = pool.map(_open_and_read_version, [location] * 8)
+    assert versions == [SCHEMA_VERSION] * 8
+
+
+def _open_and_read_version(location: str) -> int:
+    store = Store(location)
+    try:
+        return int(store.db.execute("PRAGMA user_version").fetchone()[0])
+    finally:
+        store.close()
