@@ -9,10 +9,13 @@ from pathlib import Path
 
 import pytest
 
+from hutch.amqp import Broker
+from hutch.models import Spec
 from hutch.sandbox import Sandbox, load_config
+from hutch.services.control.submit import submit
 from hutch.services.control.supervisor import Supervisor
 from hutch.settings import Settings
-from hutch.store import JobCounts, Store
+from hutch.store import AsyncStore, JobCounts, Store
 
 from ..conftest import service_env
 
@@ -23,6 +26,17 @@ HERE = Path(__file__).parent
 async def sandbox() -> AsyncIterator[Sandbox]:
     async with Sandbox(load_config(HERE / "sandbox.yaml")) as box:
         yield box
+
+
+async def submit_urls(settings: Settings, job: str, urls: list[str], spec: Spec | None = None) -> None:
+    """Submit `urls` as job `job`, the way `hutch submit` does (recorded, then published)."""
+    broker = await Broker(settings, "test-control").connect()
+    store = await AsyncStore(settings.store_location).open()
+    try:
+        await submit(broker, store, job, iter(urls), spec)
+    finally:
+        await store.close()
+        await broker.close()
 
 
 class Services:

@@ -12,14 +12,12 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from hutch.amqp import Broker
 from hutch.models import FieldRule, Spec
 from hutch.sandbox import Sandbox, expected_page
-from hutch.services.control.submit import submit
 from hutch.settings import Settings
-from hutch.store import AsyncStore, Store
+from hutch.store import Store
 
-from .conftest import Services
+from .conftest import Services, submit_urls
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
@@ -36,13 +34,7 @@ PAGE = re.compile(r"^/page/(\d+)$")
 
 
 async def submit_job(settings: Settings, job: str, urls: list[str]) -> None:
-    broker = await Broker(settings, "test-control").connect()
-    store = await AsyncStore(settings.store_location).open()
-    try:
-        await submit(broker, store, job, iter(urls), SPEC)
-    finally:
-        await store.close()
-        await broker.close()
+    await submit_urls(settings, job, urls, SPEC)
 
 
 def site_of(sandbox: Sandbox, url: str) -> str:

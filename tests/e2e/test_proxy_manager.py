@@ -15,14 +15,12 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from hutch.amqp import Broker
 from hutch.sandbox import AccessRecord, Sandbox, SandboxConfig
-from hutch.services.control.submit import submit
 from hutch.services.proxy_manager.pool import proxy_id
 from hutch.settings import Settings
-from hutch.store import AsyncStore, Store
+from hutch.store import Store
 
-from .conftest import Services
+from .conftest import Services, submit_urls
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
@@ -71,13 +69,7 @@ def extra_env(request: pytest.FixtureRequest, sandbox: Sandbox, settings: Settin
 
 
 async def run_job(settings: Settings, services: Services, job: str, urls: list[str], timeout: float = 90) -> None:
-    broker = await Broker(settings, "test-control").connect()
-    store = await AsyncStore(settings.store_location).open()
-    try:
-        await submit(broker, store, job, iter(urls), None)
-    finally:
-        await store.close()
-        await broker.close()
+    await submit_urls(settings, job, urls)
     counts = await services.wait_done(job, timeout=timeout)
     assert counts.stored == len(urls), counts
 

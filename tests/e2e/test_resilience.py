@@ -13,23 +13,12 @@ from hutch.amqp import Broker, topology_for
 from hutch.domains import routing_key
 from hutch.models import DeadLetter, decode
 from hutch.sandbox import Sandbox
-from hutch.services.control.submit import submit
 from hutch.settings import Settings
-from hutch.store import AsyncStore, Store
+from hutch.store import Store
 
-from .conftest import Services
+from .conftest import Services, submit_urls
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
-
-
-async def submit_urls(settings: Settings, job: str, urls: list[str]) -> None:
-    broker = await Broker(settings, "test-control").connect()
-    store = await AsyncStore(settings.store_location).open()
-    try:
-        await submit(broker, store, job, iter(urls), None)
-    finally:
-        await store.close()
-        await broker.close()
 
 
 async def queue_depth(settings: Settings, queue: str) -> int:
