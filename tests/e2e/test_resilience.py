@@ -4,8 +4,10 @@ aside, and SIGTERM lets in-flight fetches finish."""
 from __future__ import annotations
 
 import asyncio
+import shutil
 import signal
 import time
+from urllib.parse import unquote, urlsplit
 
 import pytest
 
@@ -125,3 +127,22 @@ async def test_sigterm_lets_in_flight_fetches_finish_before_the_fetcher_exits(
     assert before and all(r.status == 200 or r.fault for r in before)
     counts = await services.wait_done("drain", timeout=60)
     assert counts.stored + counts.dead == 40
+
+
+@pytest.mark.skipif(shutil.which("rabbitmqctl") is None, reason="needs rabbitmqctl to drop connections")
+async def test_every_service_reconnects_when_the_broker_drops_all_connections_mid_job(
+    settings: Settings, sandbox: Sandbox, services: Services
+) -> None:
+    urls = sandbox.sites["delta"].urls() + sandbox.sites["alpha"].urls()
+    await submit_urls(settings, "dropped", urls)
+    await services.wait_for("dropped", lambda c: c.stored >= 20, 60)
+    vhost = unquote(urlsplit(settings.amqp_url).path[1:]) or "/"
+    dropping = await asyncio.create_subprocess_exec(
+        "rabbitmqctl", "close_all_connections", "--vhost", vhost, "test: broker going away",
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+    )  # fmt: skip
+    assert await asyncio.wait_for(dropping.wait(), 60) == 0
+    counts = await services.wait_done("dropped", timeout=120)
+    assert counts.stored + counts.dead == len(urls)
+    # No service had to be restarted: each reconnected on its own.
+    assert all(child.restarts == 0 for child in services.supervisor.children)

@@ -1,0 +1,71 @@
+"""After the broker drops every connection, services reconnect and redeclare what they use,
+including the domain queues the governor declared at run time."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from urllib.parse import unquote, urlsplit
+
+import pytest
+from aio_pika.abc import AbstractIncomingMessage
+
+from hutch.amqp import Broker
+from hutch.domains import routing_key
+from hutch.models import Task, task_id
+from hutch.settings import Settings
+
+pytestmark = [
+    pytest.mark.timeout(90),
+    pytest.mark.skipif(shutil.which("rabbitmqctl") is None, reason="needs rabbitmqctl to drop connections"),
+]
+
+
+async def drop_connections(amqp_url: str) -> None:
+    vhost = unquote(urlsplit(amqp_url).path[1:]) or "/"
+    dropping = await asyncio.create_subprocess_exec(
+        "rabbitmqctl", "close_all_connections", "--vhost", vhost, "test: broker going away",
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+    )  # fmt: skip
+    assert await asyncio.wait_for(dropping.wait(), 60) == 0
+
+
+async def test_a_consumer_of_a_domain_queue_comes_back_after_the_broker_drops_it_and_lost_the_queue(
+    settings: Settings,
+) -> None:
+    broker = await Broker(settings, "test-robust").connect()
+    other = await Broker(settings, "test-admin").connect()
+    seen: list[str] = []
+
+    async def handler(task: Task, _: AbstractIncomingMessage) -> None:
+        seen.append(task.id)
+
+    try:
+        domain = "late.example:8080"
+        spec = broker.topology.domain_queue(domain)
+        await broker.consume(spec, Task, handler, stage="test")  # declared at run time, as the governor does
+        # The broker loses the queue (as a node without its data would) and drops every connection.
+        channel = await other.channel()
+        await channel.queue_delete(spec.name)
+        await drop_connections(settings.amqp_url)
+        url = "http://late.example:8080/x"
+        task = Task(id=task_id("j", url), job="j", url=url, domain=domain)
+        for _ in range(150):  # until the reconnect has redeclared the queue and consumes it again
+            await asyncio.sleep(0.2)
+            try:
+                probe = await other.channel()
+                declared = await probe.declare_queue(spec.name, passive=True)
+                await probe.close()
+            except Exception:
+                continue
+            if declared.declaration_result.consumer_count:
+                break
+        await other.publish(broker.topology.frontier, routing_key(domain), task)
+        for _ in range(100):
+            if seen:
+                break
+            await asyncio.sleep(0.1)
+        assert seen == [task.id]
+    finally:
+        await broker.close()
+        await other.close()
