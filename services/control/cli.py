@@ -29,6 +29,7 @@ from hutch.services import SERVICES, service_class
 from hutch.services.control import dlq
 from hutch.services.control.submit import UrlFileError, check_urls, submit, valid_urls
 from hutch.services.control.supervisor import Supervisor
+from hutch.services.governor.status import domain_status
 from hutch.services.parser.spec import SpecError, load_spec
 from hutch.services.proxy_manager.costs import cost_summary
 from hutch.services.proxy_manager.pool import TIERS, PoolError, load_pool
@@ -198,6 +199,8 @@ async def cmd_submit(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    if args.domains:
+        return asyncio.run(cmd_domains(args))
     settings = _settings()
     try:
         store = Store(settings.store_location)
@@ -229,6 +232,30 @@ def cmd_status(args: argparse.Namespace) -> int:
                 f"{cost['job']:<24} {cost['domain']:<28} {cost['tier']:<12} {cost['requests']:>8} "
                 f"{cost['ok']:>8} {cost['cost']:>10.4f}"
             )
+    return 0
+
+
+async def cmd_domains(args: argparse.Namespace) -> int:
+    """`hutch status --domains`: every domain's rate, pause and backlog, from the governors."""
+    settings = _settings()
+    broker = await _connect(settings)
+    try:
+        rows = await domain_status(broker)
+    finally:
+        await broker.close()
+    if args.json:
+        print(json.dumps(rows))
+        return 0
+    if not rows:
+        print("no governor answered (is one running in this namespace?)")
+        return 0
+    print(f"{'domain':<32} {'rate/s':>7} {'ceiling':>7} {'paused s':>8} {'backlog':>8} {'in flight':>9}")
+    for row in rows:
+        backlog = "?" if row.get("backlog") is None else str(row["backlog"])
+        print(
+            f"{row['domain']:<32} {row['rate']:>7.2f} {row['ceiling']:>7.2f} {row['paused_for']:>8.1f} "
+            f"{backlog:>8} {row['in_flight']:>9}"
+        )
     return 0
 
 
@@ -424,6 +451,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("status", help="stored, dead, pending and in-flight tasks per job")
     p.add_argument("job", nargs="?", help="one job (default: all)")
     p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument(
+        "--domains", action="store_true", help="each domain's current rate, pause and backlog (asks the governors)"
+    )
     p.set_defaults(run=cmd_status, is_async=False)
 
     p = sub.add_parser("run", help="start the services, run a job to the end, export its items")

@@ -1,4 +1,4 @@
-"""The governor's wiring: domain discovery, the domain registry, and paced release.
+"""The governor's wiring: domain discovery, the events it listens to, and paced release.
 
 - A task for a domain that has no queue yet falls through the frontier's alternate exchange
   into `frontier.unrouted`. The governor declares and binds that domain's queue, records the
@@ -6,54 +6,170 @@
 - Every governor reads the `domains` stream from its first entry and consumes every domain
   queue in it, so a restarted or additional governor picks up every domain with backlog.
   The domain queues are single-active-consumer: with several governors the broker lets one
-  release each domain and hands it to another when that one dies.
+  release each domain and hands it to another when that one dies (see `core` for the wait
+  that keeps a takeover from bursting).
+- Each governor binds its own exclusive, auto-delete queue to the events exchange
+  (`outcome.#`, `released.#`, `robots.#`, `fetcher.heartbeat`, `governor.status`) and
+  consumes it without acks: its state is in memory, rebuilt from events after a restart, so
+  an event lost with a dead governor's queue costs nothing. Binding it before consuming any
+  domain queue means no release from then on goes unheard.
 - Each domain queue is consumed with prefetch 1 on a shared channel: the governor holds at
-  most one task per domain, waits for that domain's token and for room in `fetch.ready`,
-  then publishes the task with a permit and acks the frontier copy. A wait longer than
-  `max_hold` is never spent holding the message (RabbitMQ's `consumer_timeout` would close
-  the channel): the task goes back and the domain's consumer pauses until it is due.
+  most one task per domain and asks `Core.check` what to do with it. A wait longer than
+  `max_hold` (a pause, a takeover, robots.txt failing) is never spent holding the message
+  (RabbitMQ's `consumer_timeout` would close the channel): the task goes back and the
+  domain's consumer is cancelled until it is due. Waits for the fleet's capacity are served
+  in arrival order, one held task per domain, so a domain with a huge backlog takes its turn
+  like any other and never starves the rest.
+- A release publishes the task with its permit to `fetch.ready` and a `released` event, both
+  confirms in flight together (and those of every other domain's release), then acks.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
+import itertools
 import logging
+import os
+import socket
 import time
 import uuid
-from dataclasses import dataclass
+import zlib
+from dataclasses import dataclass, field
 
-from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
-from hutch.amqp import Consumer, Requeue, declare_queue
+from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractQueue
+
+from hutch.amqp import Broker, Consumer, Dead, PublishFailed, Requeue, declare_queue
 from hutch.domains import domain_from_routing_key, routing_key
-from hutch.models import DomainRecord, Event, Permit, Task
+from hutch.models import DecodeError, DomainRecord, Event, FetcherHeartbeat, RobotsFetched, Task, decode
 from hutch.service import Service
-from hutch.services.governor.buckets import Buckets
+from hutch.services.governor.capacity import FleetCapacity
+from hutch.services.governor.core import Core, CoreConfig, Verdict
+from hutch.services.governor.limits import Limits
+from hutch.services.governor.robots import RobotsCache
+from hutch.services.governor.status import GovernorStatus, status_routing_key
+from hutch.services.governor.suffixes import key_function
 
 log = logging.getLogger(__name__)
 
 READY_POLL = 0.25  # seconds between two looks at fetch.ready's depth
+TICK = 0.1  # seconds between two sweeps of expired leases and capacity waits
+PUBLISH_CONNECTIONS = 16  # connections releases are published on, each one confirm pipeline
+DOMAIN_CHANNELS = 8  # channels the domain queues are consumed on (prefetch 1 per consumer)
+CAPACITY_HOLD = 60.0  # longest a task is held waiting for the fetchers' capacity
+SHORT_PAUSE = 1.0  # how long a domain stops consuming after a capacity or concurrency wait
+GOVERNOR_HEADER = "x-hutch-governor"
+EVENT_KEYS = ("outcome.#", "released.#", "robots.#", "fetcher.heartbeat", status_routing_key())
+
+
+def governor_id() -> str:
+    host = socket.gethostname().split(".")[0] or "host"
+    return f"{host}-{os.getpid()}-{uuid.uuid4().hex[:4]}"
 
 
 @dataclass
 class DomainState:
     consumer: Consumer | None = None
     resume: asyncio.TimerHandle | None = None
-    released: int = 0
+    resume_on_robots: bool = False
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class CapacityGate:
+    """Held tasks waiting for fleet capacity, served first come, first served."""
+
+    def __init__(self) -> None:
+        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+
+    def __len__(self) -> int:
+        while self._waiters and self._waiters[0].done():
+            self._waiters.popleft()
+        return len(self._waiters)
+
+    async def wait(self, timeout: float) -> bool:
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(future)
+        try:
+            await asyncio.wait_for(future, timeout)
+            return True
+        except TimeoutError:
+            return False
+
+    def notify(self, n: int) -> None:
+        while n > 0 and self._waiters:
+            future = self._waiters.popleft()
+            if not future.done():
+                future.set_result(None)
+                n -= 1
 
 
 class Governor(Service):
     name = "governor"
 
     async def start(self) -> None:
-        topology = self.broker.topology
-        self.buckets = Buckets(self.settings.rate, self.settings.burst)
+        s = self.settings
+        self.id = governor_id()
+        fetch_deadline = s.total_timeout + s.rpc_timeout + 5.0
+        limits = Limits.load(
+            rate=s.rate,
+            burst=s.burst,
+            concurrency=s.concurrency_per_domain,
+            path=s.limits_file,
+            rate_for=s.rate_for,
+        )
+        robots = (
+            RobotsCache(
+                s.user_agent,
+                ttl=s.robots_ttl,
+                retry=s.robots_retry,
+                attempts=s.robots_attempts,
+                fetch_deadline=s.permit_ttl + fetch_deadline,
+            )
+            if s.respect_robots
+            else None
+        )
+        self.core = Core(
+            self.id,
+            limits,
+            clock=time.time,
+            config=CoreConfig(
+                permit_ttl=s.permit_ttl,
+                fetch_deadline=fetch_deadline,
+                default_pause=s.default_pause,
+                max_pause=s.max_pause,
+                aimd_decrease=s.aimd_decrease,
+                aimd_increase=s.aimd_increase,
+                aimd_streak=s.aimd_streak,
+                min_rate=s.min_rate,
+                max_ready=s.max_ready,
+            ),
+            key_of=key_function(s.domain_key, s.public_suffix_file),
+            robots=robots,
+            capacity=FleetCapacity(stale_after=s.heartbeat_timeout, fallback=s.concurrency),
+        )
         self.domains: dict[str, DomainState] = {}
-        self._domain_lock = asyncio.Lock()
-        self.ready_depth = 0
-        self._released_since_poll = 0
-        self.domain_channel: AbstractChannel = await self.broker.channel(prefetch=1)
-        self._poller = asyncio.create_task(self._poll_ready_depth())
+        self.gate = CapacityGate()
+        self._background: set[asyncio.Task[None]] = set()
+        self._lag = [0.0, 0]  # outcome events: sum of their delays on arrival, and their count
+        topology = self.broker.topology
+        # Measured (bench/governor_permits.py): one publishing connection caps releases near
+        # 350/s however many confirms are in flight (aiormq writes one publish at a time per
+        # channel); spread over 16 connections they reach about twice that. See
+        # docs/benchmarks.md.
+        self.publishers = [self.broker] + [
+            await Broker(self.settings, self.name).connect(declare=False) for _ in range(PUBLISH_CONNECTIONS - 1)
+        ]
+        self._publisher = itertools.cycle(self.publishers)
+        self.events_queue = await self._listen_events()
+        self.domain_channels: list[AbstractChannel] = [
+            await self.broker.channel(prefetch=1) for _ in range(DOMAIN_CHANNELS)
+        ]
+        self._loops = [
+            asyncio.create_task(self._poll_ready_depth()),
+            asyncio.create_task(self._tick()),
+            asyncio.create_task(self._report()),
+        ]
         await self.broker.consume(
             topology.domains,
             DomainRecord,
@@ -62,28 +178,136 @@ class Governor(Service):
             prefetch=500,
             arguments={"x-stream-offset": "first"},
         )
-        await self.broker.consume(
-            topology.unrouted, Task, self._on_unrouted, stage="governor", prefetch=64
-        )
+        await self.broker.consume(topology.unrouted, Task, self._on_unrouted, stage="governor", prefetch=64)
+        log.info("governor %s: robots.txt %s", self.id, "respected" if robots else "ignored")
+
+    async def shutdown(self) -> None:
+        # The governor holds one message per domain. Cancelling thousands of consumers one
+        # by one while each held message is requeued would have the broker redeliver them
+        # straight back (a storm that outlasts any grace period); closing the domain channels
+        # cancels every domain consumer and returns every held task at once.
+        self.stopping.set()
+        for channel in self.domain_channels:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(channel.close(), 5.0)
+        await super().shutdown()
 
     async def stop(self) -> None:
-        self._poller.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._poller
+        for loop_task in self._loops:
+            loop_task.cancel()
+        await asyncio.gather(*self._loops, return_exceptions=True)
         for state in self.domains.values():
             if state.resume is not None:
                 state.resume.cancel()
+        for publisher in self.publishers[1:]:
+            await publisher.close()
+
+    def _spawn(self, coroutine: object) -> None:
+        task = asyncio.get_running_loop().create_task(coroutine)  # type: ignore[arg-type]
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    # -- events ----------------------------------------------------------------------
+
+    async def _listen_events(self) -> AbstractQueue:
+        channel = await self.broker.channel()
+        topology = self.broker.topology
+        queue = await channel.declare_queue(
+            f"{topology.prefix}governor.{self.id}",
+            exclusive=True,
+            auto_delete=True,
+            # A governor that cannot keep up loses the oldest events, not the broker's memory.
+            arguments={"x-max-length": 200_000},
+        )
+        for key in EVENT_KEYS:
+            await queue.bind(topology.events, key)
+        await queue.consume(self._on_event, no_ack=True)
+        return queue
+
+    async def _on_event(self, message: AbstractIncomingMessage) -> None:
+        key = message.routing_key or ""
+        core = self.core
+        try:
+            if key.startswith("outcome."):
+                event = decode(message.body, Event)
+                self._lag[0] += time.time() - event.at
+                self._lag[1] += 1
+                woken = core.on_outcome(event)
+                self._wake(woken)
+                self._notify_gate()
+            elif key.startswith("released."):
+                if (message.headers or {}).get(GOVERNOR_HEADER) == self.id:
+                    return  # our own release: already counted
+                core.on_released(decode(message.body, Event))
+            elif key.startswith("robots."):
+                woken = core.on_robots(decode(message.body, RobotsFetched))
+                self._wake(woken, robots=True)
+                self._notify_gate()
+            elif key == "fetcher.heartbeat":
+                core.on_heartbeat(decode(message.body, FetcherHeartbeat))
+                self._notify_gate()
+            elif key == status_routing_key() and message.reply_to:
+                self._spawn(self._answer_status(message.reply_to, message.correlation_id))
+        except DecodeError as exc:
+            log.debug("ignoring an undecodable event %s: %s", key, exc)
+
+    def _wake(self, key: str | None, robots: bool = False) -> None:
+        if key is None:
+            return
+        ks = self.core.keys.get(key)
+        if ks is None:
+            return
+        for domain in ks.queues:
+            state = self.domains.get(domain)
+            if state is None:
+                continue
+            state.changed.set()
+            if robots and state.resume_on_robots and state.resume is not None:
+                state.resume.cancel()
+                state.resume = None
+                self._spawn(self._resume(domain, state))
+
+    def _free_capacity(self) -> int:
+        core = self.core
+        now = time.time()
+        free = core.capacity.total(now) - core.leases.total
+        return min(free, core.config.max_ready - core.ready_depth - core.released_since_look)
+
+    def _notify_gate(self) -> None:
+        if len(self.gate):
+            self.gate.notify(self._free_capacity())
+
+    async def _answer_status(self, reply_to: str, correlation_id: str | None) -> None:
+        core = self.core
+        now = time.time()
+        answer = GovernorStatus(
+            governor=self.id,
+            started=core.started,
+            capacity=core.capacity.total(now),
+            fetchers=core.capacity.live(now),
+            in_flight=core.leases.total,
+            domains=core.snapshot(),
+        )
+        with contextlib.suppress(PublishFailed):
+            await self.broker.publish(
+                "", reply_to, answer, mandatory=False, correlation_id=correlation_id, persistent=False
+            )
 
     # -- domains -------------------------------------------------------------------
 
     async def _on_unrouted(self, task: Task, message: AbstractIncomingMessage) -> None:
         domain = domain_from_routing_key(message.routing_key or "")
         topology = self.broker.topology
+        known = domain in self.domains
         channel = await self.broker.channel()
         try:
-            await declare_queue(channel, topology.domain_queue(domain))
+            queue = await declare_queue(channel, topology.domain_queue(domain))
+            found = queue.declaration_result
         finally:
             await channel.close()
+        if not known and not message.redelivered and not found.message_count and not found.consumer_count:
+            # A queue that did not exist: no governor can have released from it yet.
+            self.core.created(domain)
         await self.broker.publish("", topology.domains, DomainRecord(domain=domain))
         await self._watch(domain)
         # Published again through the frontier, it now routes to its own queue. New headers:
@@ -95,36 +319,58 @@ class Governor(Service):
 
     async def _watch(self, domain: str) -> None:
         """Consume this domain's queue, once per governor."""
-        async with self._domain_lock:
-            if domain in self.domains:
-                return
-            state = self.domains[domain] = DomainState()
-            log.info("governing domain %s", domain)
-            await self._consume_domain(domain, state)
+        if self.stopping.is_set() or domain in self.domains:
+            return
+        state = self.domains[domain] = DomainState()
+        self.core.queue(domain)
+        log.debug("governing domain %s", domain)
+        await self._consume_domain(domain, state)
 
     async def _consume_domain(self, domain: str, state: DomainState) -> None:
+        async def on_task(task: Task, message: AbstractIncomingMessage) -> None:
+            await self._on_task(domain, task, message)
+
+        # Declaring, binding and consuming are three round trips, one at a time on a channel:
+        # the domains are spread over a few channels so that thousands start in seconds.
+        channel = self.domain_channels[zlib.crc32(domain.encode()) % len(self.domain_channels)]
         state.consumer = await self.broker.consume(
             self.broker.topology.domain_queue(domain),
             Task,
-            self._on_task,
+            on_task,
             stage="governor",
-            channel=self.domain_channel,
+            channel=channel,
         )
 
-    def _pause(self, domain: str, seconds: float) -> None:
+    async def _resume(self, domain: str, state: DomainState) -> None:
+        if self.stopping.is_set() or state.consumer is not None:
+            return
+        try:
+            await self._consume_domain(domain, state)
+        except Exception as exc:  # the channel is reconnecting: try again shortly
+            log.warning("could not resume domain %s: %s", domain, exc)
+            self._pause(domain, SHORT_PAUSE)
+
+    def _pause(self, domain: str, seconds: float, on_robots: bool = False) -> None:
         """Stop consuming a domain for `seconds`; its held task has been returned."""
         state = self.domains[domain]
-        if state.consumer is None or state.resume is not None:
+        if state.resume is not None:
             return
         consumer, state.consumer = state.consumer, None
-        asyncio.get_running_loop().create_task(consumer.cancel())
+        if consumer is not None:
+            self._spawn(consumer.cancel())
+            # Broker keeps every consumer it started (to cancel them at shutdown); a domain is
+            # consumed afresh after each pause, so forget the cancelled one or the list grows
+            # for as long as the governor runs.
+            with contextlib.suppress(ValueError):
+                self.broker._consumers.remove(consumer)
+        self.core.deactivate(domain)
+        state.resume_on_robots = on_robots
 
         def resume() -> None:
             state.resume = None
-            if not self.stopping.is_set():
-                asyncio.get_running_loop().create_task(self._consume_domain(domain, state))
+            self._spawn(self._resume(domain, state))
 
-        state.resume = asyncio.get_running_loop().call_later(seconds, resume)
+        state.resume = asyncio.get_running_loop().call_later(max(seconds, 0.05), resume)
 
     # -- release -------------------------------------------------------------------
 
@@ -134,53 +380,112 @@ class Governor(Service):
         while True:
             try:
                 queue = await channel.declare_queue(name, passive=True, robust=False)
-                self.ready_depth = queue.declaration_result.message_count or 0
-                self._released_since_poll = 0
+                self.core.ready_depth = queue.declaration_result.message_count or 0
+                self.core.released_since_look = 0
             except Exception as exc:  # reconnecting: keep the last figure
                 log.debug("fetch.ready depth unknown: %s", exc)
                 with contextlib.suppress(Exception):
                     channel = await self.broker.channel()
+            self._notify_gate()
             await asyncio.sleep(READY_POLL)
 
-    def _ready_full(self) -> bool:
-        return self.ready_depth + self._released_since_poll >= self.settings.max_ready
+    async def _tick(self) -> None:
+        while True:
+            await asyncio.sleep(TICK)
+            for key in self.core.expire():
+                self._wake(key)
+            self._notify_gate()
 
-    async def _on_task(self, task: Task, message: AbstractIncomingMessage) -> None:
-        domain = task.domain
-        bucket = self.buckets[domain]
-        deadline = time.monotonic() + self.settings.max_hold
+    async def _report(self, every: float = 10.0) -> None:
+        """One log line now and then: how fast permits go out and what holds the rest back."""
+        last = 0
+        while True:
+            await asyncio.sleep(every)
+            released = sum(ks.released for ks in self.core.keys.values())
+            paused = sum(1 for state in self.domains.values() if state.resume is not None)
+            lag_sum, lag_n = self._lag
+            self._lag = [0.0, 0]
+            log.info(
+                "%.0f permits/s; %d domains, %d returned for now, %d waiting for fetchers; "
+                "%d in flight of %d; outcomes heard %.0f ms after the fact",
+                (released - last) / every,
+                len(self.domains),
+                paused,
+                len(self.gate),
+                self.core.leases.total,
+                self.core.capacity.total(time.time()),
+                1000 * lag_sum / lag_n if lag_n else 0.0,
+            )
+            last = released
+
+    async def _on_task(self, domain: str, task: Task, message: AbstractIncomingMessage) -> None:
+        core = self.core
+        state = self.domains[domain]
+        core.activate(domain)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settings.max_hold
+        served = False  # our turn came at the capacity gate
         while True:
             if self.stopping.is_set():
                 raise Requeue()
-            if self._ready_full():
-                wait = READY_POLL
-            else:
-                wait = bucket.wait_time()
-                if wait == 0.0 and bucket.take():
-                    break
-            if time.monotonic() + wait > deadline:
-                self._pause(domain, max(wait, READY_POLL))
+            verdict = core.check(task, domain)
+            if verdict.action == "release" and not served and len(self.gate):
+                # Others wait for capacity already: take a place behind them.
+                verdict = Verdict("wait", time.time() + SHORT_PAUSE, "fetchers busy", gate=True)
+            if verdict.action == "release":
+                if verdict.robots is not None:
+                    # robots.txt first: it takes this domain's token; the page waits for it.
+                    await self._release(core.robots_task(verdict.robots, domain), domain)
+                    continue
+                await self._release(task, domain)
+                return
+            if verdict.action == "drop":
+                return
+            if verdict.action == "dead":
+                raise Dead("robots", verdict.why, task)
+            remaining = deadline - loop.time()
+            if verdict.gate:
+                # Waiting for the fetchers is no pause: hold longer than max_hold (still far
+                # below consumer_timeout) rather than have every domain return its task and
+                # subscribe again each few seconds while the fleet is busy.
+                remaining += CAPACITY_HOLD - self.settings.max_hold
+                if remaining > 0 and await self.gate.wait(remaining):
+                    served = True
+                    continue
+                self._pause(domain, SHORT_PAUSE)
                 raise Requeue()
-            await asyncio.sleep(wait)
-        now = time.time()
-        task = task.model_copy(
-            update={
-                "permit": Permit(
-                    id=uuid.uuid4().hex, issued=now, expires=now + self.settings.permit_ttl
-                )
-            }
-        )
-        self._released_since_poll += 1
+            wait = verdict.until - time.time()
+            if wait > remaining:
+                soft = verdict.why.endswith("in flight")
+                robots = verdict.why.startswith(("fetching robots", "robots"))
+                self._pause(domain, SHORT_PAUSE if soft else wait, on_robots=robots)
+                raise Requeue()
+            state.changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(state.changed.wait(), max(wait, 0.0))
+
+    async def _release(self, task: Task, domain: str) -> None:
+        task = self.core.commit(task, domain)
+        assert task.permit is not None
         topology = self.broker.topology
-        await asyncio.gather(
-            self.broker.publish(topology.work, "fetch.ready", task),
-            self.broker.publish(
-                topology.events,
-                f"released.{domain}",
-                Event(kind="released", task_id=task.id, job=task.job, domain=domain, attempt=task.attempts),
-            ),
+        publisher = next(self._publisher)
+        event = Event(
+            kind="released",
+            task_id=task.id,
+            job=task.job,
+            domain=domain,
+            attempt=task.attempts,
+            permit_id=task.permit.id,
+            at=task.permit.issued,
         )
-        self.domains[domain].released += 1
+        try:
+            await asyncio.gather(
+                publisher.publish(topology.work, "fetch.ready", task),
+                publisher.publish(topology.events, f"released.{domain}", event, headers={GOVERNOR_HEADER: self.id}),
+            )
+        except BaseException:
+            self.core.rollback(task)
+            raise
 
 
 SERVICE = Governor

@@ -2,7 +2,9 @@
 
 A bucket refills at `rate` tokens per second up to `burst`. It starts empty: a governor
 that has just taken a domain over cannot know what its predecessor released a moment ago,
-so it waits for a token rather than bursting.
+so it waits for a token rather than bursting. `debit` spends a token released by another
+governor (seen on the events exchange), so governors that share a domain key share its
+budget; the balance may go below zero, and then the next token is that much further off.
 """
 
 from __future__ import annotations
@@ -49,6 +51,32 @@ class TokenBucket:
             self.tokens -= 1.0
             return True
         return False
+
+    def debit(self, tokens: float = 1.0) -> None:
+        """Spend tokens someone else used (another governor's release); may go negative.
+
+        The debt is bounded by one second's worth of tokens plus the burst, so a flood of
+        stale events cannot stall the domain for long.
+        """
+        self._refill(self.clock())
+        self.tokens = max(self.tokens - tokens, -(self.rate + self.burst))
+
+    def empty(self) -> None:
+        """Drop every token (a takeover, the end of a pause): the next one comes at the rate."""
+        self._refill(self.clock())
+        self.tokens = min(self.tokens, 0.0)
+
+    def set_limits(self, rate: float, burst: int | None = None) -> None:
+        """Change the rate (and burst) from now on; tokens earned so far are kept."""
+        if rate <= 0:
+            raise ValueError("rate must be positive")
+        self._refill(self.clock())
+        self.rate = rate
+        if burst is not None:
+            if burst < 1:
+                raise ValueError("burst must be at least 1")
+            self.burst = burst
+            self.tokens = min(self.tokens, float(burst))
 
 
 class Buckets:

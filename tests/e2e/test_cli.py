@@ -364,6 +364,24 @@ async def status_of(env: dict[str, str], job: str) -> dict[str, int]:
     return row  # type: ignore[no-any-return]
 
 
+async def test_status_domains_shows_each_domains_rate_and_backlog_from_the_running_governor(
+    settings: Settings, env: dict[str, str], sandbox: Sandbox, services: Services, tmp_path: Path
+) -> None:
+    urls_file = write(tmp_path / "domains.txt", "".join(f"{url}\n" for url in sandbox.urls()))
+    assert (await hutch(env, "submit", str(urls_file), "--job", "domains")).code == 0
+    await services.wait_done("domains", timeout=60)
+    done = await hutch(env, "status", "--domains", "--json")
+    assert done.code == 0, done
+    rows = {row["domain"]: row for row in json.loads(done.out)}
+    assert set(rows) >= {site.domain for site in sandbox.sites.values()}
+    for site in sandbox.sites.values():
+        row = rows[site.domain]
+        assert row["ceiling"] == settings.rate and 0 < row["rate"] <= settings.rate
+        assert row["backlog"] == 0 and row["in_flight"] == 0
+    table = await hutch(env, "status", "--domains")
+    assert table.code == 0 and all(site.domain in table.out for site in sandbox.sites.values())
+
+
 async def test_submit_status_and_export_drive_a_job_on_running_services_storing_each_url_once(
     settings: Settings, env: dict[str, str], sandbox: Sandbox, services: Services, tmp_path: Path
 ) -> None:

@@ -1,0 +1,156 @@
+"""What the governor benchmarks share: a throw-away vhost, settings, and service processes.
+
+Every benchmark runs in its own RabbitMQ vhost, created with `rabbitmqctl` and deleted at the
+end (with every queue in it), and sends HTTP only to the loopback sandbox.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from urllib.parse import quote, urlsplit, urlunsplit
+
+from hutch.settings import Settings
+
+ROOT = Path(__file__).resolve().parents[1]
+BASE_URL = os.environ.get("HUTCH_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
+
+
+def rabbitmqctl(*args: str, check: bool = True) -> str:
+    if shutil.which("rabbitmqctl") is None:
+        raise SystemExit("the benchmarks need rabbitmqctl (a local RabbitMQ) for their own vhost")
+    done = subprocess.run(["rabbitmqctl", *args], capture_output=True, text=True, timeout=120)
+    if check and done.returncode != 0:
+        raise SystemExit(f"rabbitmqctl {' '.join(args)} failed: {done.stderr.strip()}")
+    return done.stdout
+
+
+@contextlib.contextmanager
+def bench_vhost(name: str) -> Iterator[str]:
+    """A vhost of its own for one benchmark; its AMQP URL. Deleted, with its queues, at the end."""
+    vhost = f"hutch-bench-{name}-{os.getpid()}-{uuid.uuid4().hex[:4]}"
+    rabbitmqctl("add_vhost", vhost)
+    user = urlsplit(BASE_URL).username or "guest"
+    rabbitmqctl("set_permissions", "-p", vhost, user, ".*", ".*", ".*")
+    parts = urlsplit(BASE_URL)
+    try:
+        yield urlunsplit(parts._replace(path="/" + quote(vhost, safe="")))
+    finally:
+        rabbitmqctl("delete_vhost", vhost, check=False)
+
+
+def broker_fd_room() -> tuple[int, int]:
+    """(file descriptors in use, limit) of the local RabbitMQ node."""
+    text = rabbitmqctl("status")
+    at = text.find("File Descriptors")
+    match = re.search(r"Total: (\d+), limit: (\d+)", text[at:]) if at >= 0 else None
+    if match:
+        return int(match.group(1)), int(match.group(2))
+    raise SystemExit("cannot read the broker's file descriptor limit from `rabbitmqctl status`")
+
+
+def check_fd_room(queues: int, margin: int = 300) -> None:
+    """Refuse to fill more queues than the broker has file descriptors for.
+
+    A classic queue (v1 index) with messages keeps its journal file open: on RabbitMQ 3.10
+    a node that runs out of descriptors (`emfile`) does not degrade, it stops, and will not
+    boot again while the queues are still there. So the benchmarks check first.
+    """
+    used, limit = broker_fd_room()
+    if used + queues + margin > limit:
+        raise SystemExit(
+            f"the broker has {limit - used} free file descriptors (limit {limit}); {queues} queues with "
+            f"backlog need about one each plus {margin} spare. Raise RabbitMQ's open-files limit "
+            "(ulimit -n before rabbitmq-server starts) or run with fewer domains."
+        )
+
+
+def child_env(settings: Settings, **extra: str) -> dict[str, str]:
+    env = settings.to_env(os.environ)
+    env.setdefault("OTEL_SDK_DISABLED", "true")
+    env.update(extra)
+    return env
+
+
+class Process:
+    """A service (or any module) as a child process, output to a log file."""
+
+    def __init__(self, label: str, argv: list[str], env: dict[str, str], log_dir: Path) -> None:
+        self.label = label
+        self.argv = argv
+        self.env = env
+        self.log_path = log_dir / f"{label}.log"
+        self.process: asyncio.subprocess.Process | None = None
+
+    async def start(self) -> Process:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = self.log_path.open("ab")
+        self.process = await asyncio.create_subprocess_exec(
+            sys.executable, *self.argv, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL, start_new_session=True,
+        )
+        log.close()
+        return self
+
+    async def wait_ready(self, mark: str = " ready (broker ", timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.log_path.exists() and mark in self.log_path.read_text(errors="replace"):
+                return
+            assert self.process is not None
+            if self.process.returncode is not None:
+                raise RuntimeError(f"{self.label} exited: see {self.log_path}")
+            await asyncio.sleep(0.1)
+        raise TimeoutError(f"{self.label} not ready: see {self.log_path}")
+
+    def last_line(self, containing: str) -> str:
+        lines = [x for x in self.log_path.read_text(errors="replace").splitlines() if containing in x]
+        return lines[-1].split(": ", 1)[-1] if lines else "(nothing logged)"
+
+    async def stop(self, sig: int = signal.SIGTERM, timeout: float = 20.0) -> None:
+        if self.process is None or self.process.returncode is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            self.process.send_signal(sig)
+        try:
+            await asyncio.wait_for(self.process.wait(), timeout)
+        except TimeoutError:
+            self.process.kill()
+            await self.process.wait()
+
+
+def service(name: str, env: dict[str, str], log_dir: Path, label: str | None = None,
+            profile: Path | None = None) -> Process:
+    module = f"hutch.services.{name.replace('-', '_')}"
+    argv = ["-m", module] if profile is None else ["-m", "cProfile", "-o", str(profile), "-m", module]
+    return Process(label or name, argv, env, log_dir)
+
+
+@contextlib.asynccontextmanager
+async def processes(*items: Process) -> AsyncIterator[list[Process]]:
+    started: list[Process] = []
+    try:
+        for item in items:
+            started.append(await item.start())
+        yield started
+    finally:
+        for item in reversed(started):
+            await item.stop()
+
+
+def rss_kib(pid: int) -> int:
+    """Resident memory of a process in KiB (Linux)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0

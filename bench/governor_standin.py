@@ -1,0 +1,84 @@
+"""A stand-in for the fetchers in the permits benchmark: acks each task, emits its outcome.
+
+It consumes `fetch.ready` as a fetcher does (prefetch = its concurrency), publishes an `ok`
+outcome event naming the permit (confirmed) and only then acks; it sends a heartbeat every
+second, and writes its running count to the file named by `BENCH_COUNTS`, one line a second.
+It is kept lean (raw aio-pika, JSON read with `json.loads`) so that the benchmark measures
+the governor and not it. Run by `bench/governor_permits.py`; it never fetches anything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import os
+import signal
+import time
+
+from aio_pika.abc import AbstractIncomingMessage
+
+from hutch.amqp import Broker
+from hutch.models import Event, FetcherHeartbeat, encode
+from hutch.settings import Settings
+
+CONCURRENCY = int(os.environ.get("BENCH_STANDIN_CONCURRENCY", "1000"))
+
+
+async def main() -> None:
+    settings = Settings()
+    broker = await Broker(settings, "standin").connect(declare=False)
+    topology = broker.topology
+    # One publish at a time per channel in aiormq: outcomes go out on a few connections.
+    publishers = [broker] + [await Broker(settings, "standin").connect(declare=False) for _ in range(15)]
+    turn = itertools.cycle(publishers)
+    state = {"count": 0, "busy": 0, "age": 0.0}
+
+    async def on_task(message: AbstractIncomingMessage) -> None:
+        state["busy"] += 1
+        try:
+            task = json.loads(message.body)
+            state["age"] += time.time() - (task.get("permit") or {}).get("issued", time.time())
+            event = Event(
+                kind="outcome",
+                task_id=task["id"],
+                job=task["job"],
+                domain=task["domain"],
+                attempt=task.get("attempts", 0) + 1,
+                permit_id=(task.get("permit") or {}).get("id"),
+                fetcher="standin",
+                outcome="ok",
+                status=200,
+                next="parse",
+            )
+            await next(turn).publish(topology.events, f"outcome.{task['domain']}", encode(event))
+            await message.ack()
+            state["count"] += 1
+        except Exception:
+            await message.nack(requeue=True)
+        finally:
+            state["busy"] -= 1
+
+    channel = await broker.channel(prefetch=CONCURRENCY)
+    queue = await channel.declare_queue(topology.fetch_ready, passive=True)
+    await queue.consume(on_task)
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    print("standin ready (broker ", flush=True)
+    with open(os.environ["BENCH_COUNTS"], "a", encoding="utf-8") as out:  # noqa: ASYNC230 (one line a second)
+        while not stop.is_set():
+            beat = FetcherHeartbeat(fetcher="standin", concurrency=CONCURRENCY, busy=state["busy"])
+            await broker.publish(topology.events, "fetcher.heartbeat", beat, mandatory=False, persistent=False)
+            # `age`: the sum of the permits' ages when their tasks reached the stand-in.
+            out.write(json.dumps({"t": time.time(), "count": state["count"], "age": state["age"]}) + "\n")
+            out.flush()
+            try:
+                await asyncio.wait_for(stop.wait(), 1.0)
+            except TimeoutError:
+                pass
+    for publisher in publishers:
+        await publisher.close()
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

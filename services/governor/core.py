@@ -1,0 +1,354 @@
+"""The governor's decisions, with no broker: may this domain's held task be released now?
+
+`Core` holds every per-domain fact the governor acts on, all rebuilt from events after a
+restart: the token bucket and adaptive rate of each domain key, its pause, its in-flight
+leases, the robots.txt cache, the fetchers' capacity, and for each domain queue whether
+this governor may release from it yet (takeover). `check` answers for one held task;
+`commit` records a release the caller is about to publish; the `on_*` methods take the
+events every governor hears. The clock is injected (wall-clock seconds, as in permits and
+events), so every rule is tested with a fake one.
+
+Takeover rule. A governor that starts releasing a domain queue (its first message since it
+subscribed) waits until no permit issued by anyone else can still be used:
+
+- one permit lifetime after the last release by another governor that it heard of;
+- and, while the governor itself is younger than one permit lifetime (a restart, a fresh
+  standby), one permit lifetime after its own start, since releases before it started went
+  unheard. Exempt: a domain this governor created itself from `frontier.unrouted` (the queue
+  was new and empty, no one can have released from it).
+
+A brand-new domain is therefore released at once, and a takeover or a restart never bursts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+from hutch.models import Event, FetcherHeartbeat, Permit, RobotsFetched, Task
+from hutch.services.governor.aimd import AdaptiveRate
+from hutch.services.governor.buckets import TokenBucket
+from hutch.services.governor.capacity import FleetCapacity
+from hutch.services.governor.leases import Leases
+from hutch.services.governor.limits import DomainLimit, Limits
+from hutch.services.governor.robots import RobotsCache, origin_of, robots_url
+
+Clock = Callable[[], float]
+NEVER = -math.inf
+ROBOTS_JOB = "_robots"
+
+
+@dataclass
+class KeyState:
+    """Everything about one domain key (a host, or a registrable domain)."""
+
+    limit: DomainLimit
+    bucket: TokenBucket
+    aimd: AdaptiveRate
+    paused_until: float = 0.0
+    pause_why: str = ""
+    robots_cap: float | None = None
+    released: int = 0
+    throttled: int = 0
+    queues: set[str] = field(default_factory=set)
+
+
+@dataclass
+class QueueState:
+    """This governor's view of one domain queue."""
+
+    created_here: bool = False
+    last_foreign_release: float = NEVER
+    active: bool = False
+    cold_until: float = 0.0
+
+
+Action = Literal["release", "wait", "dead", "drop"]
+
+
+@dataclass(frozen=True)
+class Verdict:
+    action: Action
+    until: float = 0.0
+    why: str = ""
+    robots: str | None = None  # release: fetch this origin's robots.txt instead of the task
+    gate: bool = False  # wait: for the fleet's capacity (served in arrival order)
+
+
+RELEASE = Verdict("release")
+DROP = Verdict("drop")
+
+
+def robots_task_id(origin: str) -> str:
+    return "robots-" + hashlib.sha256(origin.encode()).hexdigest()[:24]
+
+
+@dataclass
+class CoreConfig:
+    permit_ttl: float = 30.0
+    fetch_deadline: float = 40.0  # after a permit expires, longest its fetch may still run
+    default_pause: float = 30.0
+    max_pause: float = 600.0
+    aimd_decrease: float = 0.5
+    aimd_increase: float = 0.05
+    aimd_streak: int = 2
+    min_rate: float = 0.05
+    max_ready: int = 200
+
+
+class Core:
+    def __init__(
+        self,
+        governor_id: str,
+        limits: Limits,
+        *,
+        clock: Clock,
+        config: CoreConfig | None = None,
+        key_of: Callable[[str], str] = lambda domain: domain,
+        robots: RobotsCache | None = None,
+        capacity: FleetCapacity | None = None,
+    ) -> None:
+        self.id = governor_id
+        self.limits = limits
+        self.clock = clock
+        self.config = config or CoreConfig()
+        self.key_of = key_of
+        self.robots = robots
+        self.capacity = capacity or FleetCapacity()
+        self.leases = Leases()
+        self.keys: dict[str, KeyState] = {}
+        self.queues: dict[str, QueueState] = {}
+        self.started = clock()
+        self.ready_depth = 0  # messages waiting in fetch.ready at the last look
+        self.released_since_look = 0
+        self._serial = itertools.count(1)
+
+    # -- state -------------------------------------------------------------------------
+
+    def key_state(self, key: str) -> KeyState:
+        state = self.keys.get(key)
+        if state is None:
+            limit = self.limits.for_key(key)
+            c = self.config
+            aimd = AdaptiveRate(
+                limit.rate,
+                decrease=c.aimd_decrease,
+                increase=c.aimd_increase,
+                streak_limit=c.aimd_streak,
+                floor=c.min_rate,
+            )
+            state = self.keys[key] = KeyState(limit, TokenBucket(limit.rate, limit.burst, self.clock), aimd)
+        return state
+
+    def queue(self, domain: str) -> QueueState:
+        state = self.queues.get(domain)
+        if state is None:
+            state = self.queues[domain] = QueueState()
+            self.key_state(self.key_of(domain)).queues.add(domain)
+        return state
+
+    def created(self, domain: str) -> None:
+        """This governor created the domain's queue: it was new and empty."""
+        self.queue(domain).created_here = True
+
+    @property
+    def lease_extra(self) -> float:
+        return self.config.fetch_deadline
+
+    # -- takeover ----------------------------------------------------------------------
+
+    def takeover_until(self, domain: str) -> float:
+        q = self.queue(domain)
+        ttl = self.config.permit_ttl
+        until = q.last_foreign_release + ttl
+        if not q.created_here:
+            until = max(until, self.started + ttl)
+        return until
+
+    def activate(self, domain: str) -> float:
+        """A message of this queue reached us: if we were not releasing it, this is a takeover."""
+        q = self.queue(domain)
+        if not q.active:
+            q.active = True
+            q.cold_until = self.takeover_until(domain)
+            if q.cold_until > self.clock():
+                self.key_state(self.key_of(domain)).bucket.empty()
+        return q.cold_until
+
+    def deactivate(self, domain: str) -> None:
+        """We stopped consuming this queue (a pause); another governor may release it meanwhile."""
+        self.queue(domain).active = False
+
+    # -- the decision ------------------------------------------------------------------
+
+    def check(self, task: Task, domain: str) -> Verdict:
+        now = self.clock()
+        q = self.queue(domain)
+        if now < q.cold_until:
+            return Verdict("wait", q.cold_until, "takeover: waiting one permit lifetime")
+        key = self.key_of(domain)
+        ks = self.key_state(key)
+        if now < ks.paused_until:
+            return Verdict("wait", ks.paused_until, ks.pause_why)
+        fetch_robots: str | None = None
+        if task.purpose == "robots":
+            if not self._robots_needed(task):
+                return DROP
+        elif self.robots is not None:
+            url = task.fetch_url or task.url
+            verdict, until, why = self.robots.check(url, now)
+            if verdict == "deny":
+                return Verdict("dead", why=why)
+            if verdict == "wait":
+                return Verdict("wait", until, why)
+            if verdict == "fetch":
+                fetch_robots = origin_of(url)
+        if self.leases.count(key) >= ks.limit.concurrency:
+            until = self.leases.next_expiry(key) or now + 1.0
+            return Verdict("wait", until, f"{ks.limit.concurrency} fetches in flight")
+        wait = ks.bucket.wait_time()
+        if wait > 0:
+            return Verdict("wait", now + wait, "rate")
+        if not self.capacity_free(now):
+            return Verdict("wait", now + 1.0, "fetchers busy", gate=True)
+        return Verdict("release", robots=fetch_robots) if fetch_robots else RELEASE
+
+    def _robots_needed(self, task: Task) -> bool:
+        if self.robots is None:
+            return False
+        state = self.robots.origins.get(origin_of(task.url))
+        if state is None or state.phase in ("unknown", "failing"):
+            return True
+        if state.phase == "fetching":
+            return state.task_id == task.id and state.until <= self.clock()
+        return state.until <= self.clock()  # known, but the cached rules ran out
+
+    def capacity_free(self, now: float | None = None) -> bool:
+        now = self.clock() if now is None else now
+        if self.leases.total >= self.capacity.total(now):
+            return False
+        return self.ready_depth + self.released_since_look < self.config.max_ready
+
+    def robots_task(self, origin: str, domain: str) -> Task:
+        return Task(
+            id=robots_task_id(origin), job=ROBOTS_JOB, url=robots_url(origin), domain=domain, purpose="robots"
+        )
+
+    def commit(self, task: Task, domain: str) -> Task:
+        """Take the token and record the lease of a release; the task with its permit."""
+        now = self.clock()
+        key = self.key_of(domain)
+        ks = self.key_state(key)
+        ks.bucket.take()
+        ks.released += 1
+        self.released_since_look += 1
+        permit = Permit(id=f"{self.id}.{next(self._serial)}", issued=now, expires=now + self.config.permit_ttl)
+        self.leases.add(permit.id, task.id, key, permit.expires + self.lease_extra, own=True)
+        if task.purpose == "robots" and self.robots is not None:
+            self.robots.fetching(origin_of(task.url), task.id, now)
+        return task.model_copy(update={"permit": permit})
+
+    def rollback(self, task: Task) -> None:
+        """A release that could not be published: its lease ends (the token stays spent)."""
+        if task.permit is not None:
+            self.leases.end(task.permit.id)
+
+    # -- events ------------------------------------------------------------------------
+
+    def on_released(self, event: Event) -> str | None:
+        """Another governor released a task: it is in flight and spent a token of its key."""
+        if event.permit_id is None or event.permit_id.startswith(self.id + "."):
+            return None
+        now = self.clock()
+        key = self.key_of(event.domain)
+        ks = self.key_state(key)
+        if self.leases.add(
+            event.permit_id, event.task_id, key, event.at + self.config.permit_ttl + self.lease_extra, own=False
+        ):
+            ks.bucket.debit(1.0)
+        q = self.queue(event.domain)
+        q.last_foreign_release = max(q.last_foreign_release, min(event.at, now))
+        return key
+
+    def on_outcome(self, event: Event) -> str | None:
+        """A fetcher finished an attempt: its lease ends; 429/503 pause, successes recover."""
+        self.leases.end(event.permit_id, event.task_id)
+        if event.next == "frontier" and self.robots is not None and event.task_id.startswith("robots-"):
+            self.robots.returned(event.task_id)
+        key = self.key_of(event.domain)
+        ks = self.key_state(key)
+        if event.outcome == "throttled":
+            now = self.clock()
+            ks.throttled += 1
+            wait = event.retry_after if event.retry_after is not None else self.config.default_pause
+            wait = min(max(wait, 0.0), self.config.max_pause)
+            until = max(event.at, now - 1.0) + wait
+            if until > ks.paused_until:
+                ks.paused_until = until
+                ks.pause_why = f"paused: HTTP {event.status or '429/503'}" + (
+                    f", Retry-After {event.retry_after:g}s" if event.retry_after is not None else ""
+                )
+            if ks.aimd.throttled(now):
+                ks.bucket.set_limits(ks.aimd.rate)
+        elif event.outcome == "ok":
+            before = ks.aimd.rate
+            ks.aimd.succeeded()
+            if ks.aimd.rate != before:
+                ks.bucket.set_limits(ks.aimd.rate)
+        return key
+
+    def on_robots(self, result: RobotsFetched) -> str | None:
+        origin = origin_of(result.url)
+        self.leases.end(task_id=robots_task_id(origin))
+        if self.robots is None:
+            return None
+        rules = self.robots.result(origin, result.status, result.text, self.clock())
+        key = self.key_of(result.domain)
+        ks = self.key_state(key)
+        cap = rules.rate_cap if rules is not None else None
+        if cap != ks.robots_cap:
+            ks.robots_cap = cap
+            ceiling = min(ks.limit.rate, cap) if cap else ks.limit.rate
+            ks.aimd.set_ceiling(ceiling)
+            ks.bucket.set_limits(ks.aimd.rate)
+        return key
+
+    def on_heartbeat(self, beat: FetcherHeartbeat) -> None:
+        self.capacity.heartbeat(beat.fetcher, beat.concurrency, beat.busy, self.clock())
+
+    def expire(self) -> set[str]:
+        """End overdue leases; the keys that got room."""
+        return {lease.key for lease in self.leases.expire(self.clock())}
+
+    # -- status ------------------------------------------------------------------------
+
+    def snapshot(self) -> list[dict[str, object]]:
+        now = self.clock()
+        rows = []
+        for domain, q in self.queues.items():
+            key = self.key_of(domain)
+            ks = self.key_state(key)
+            rows.append(
+                {
+                    "domain": domain,
+                    "key": key,
+                    "rate": round(ks.aimd.rate, 4),
+                    "ceiling": round(ks.aimd.ceiling, 4),
+                    "burst": ks.limit.burst,
+                    "concurrency": ks.limit.concurrency,
+                    "in_flight": self.leases.count(key),
+                    "paused_for": round(max(0.0, ks.paused_until - now), 3),
+                    "pause_reason": ks.pause_why if ks.paused_until > now else "",
+                    "takeover_wait": round(max(0.0, q.cold_until - now), 3) if q.active else 0.0,
+                    "active": q.active,
+                    "released": ks.released,
+                    "throttled": ks.throttled,
+                    "robots_cap": ks.robots_cap,
+                }
+            )
+        return rows
+

@@ -1,0 +1,367 @@
+"""The governor's decisions with a fake clock: pauses, AIMD, leases, robots, takeover, capacity."""
+
+from __future__ import annotations
+
+import pytest
+
+from hutch.models import Event, FetcherHeartbeat, RobotsFetched, Task
+from hutch.services.governor.capacity import FleetCapacity
+from hutch.services.governor.core import Core, CoreConfig, robots_task_id
+from hutch.services.governor.limits import DomainLimit, Limits
+from hutch.services.governor.robots import RobotsCache
+from hutch.services.governor.suffixes import key_function
+
+UA = "Hutch/0.1"
+D = "a.example"
+
+
+class FakeClock:
+    def __init__(self, start: float = 1_000_000.0) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def make_core(
+    clock: FakeClock,
+    *,
+    rate: float = 4.0,
+    burst: int = 1,
+    concurrency: int = 8,
+    robots: bool = False,
+    capacity: FleetCapacity | None = None,
+    key: str = "host",
+    **config: float,
+) -> Core:
+    cache = RobotsCache(UA, ttl=3600, retry=10, attempts=3, fetch_deadline=60) if robots else None
+    core = Core(
+        "gov-a",
+        Limits(DomainLimit(rate, burst, concurrency)),
+        clock=clock,
+        config=CoreConfig(permit_ttl=30.0, fetch_deadline=40.0, **config),  # type: ignore[arg-type]
+        key_of=key_function(key),
+        robots=cache,
+        capacity=capacity or FleetCapacity(fallback=100),
+    )
+    return core
+
+
+def task(n: int = 0, domain: str = D, **fields: object) -> Task:
+    return Task(id=f"t{n}", job="j", url=f"http://{domain}/page/{n}", domain=domain, **fields)  # type: ignore[arg-type]
+
+
+def outcome(t: Task, outcome: str, clock: FakeClock, **fields: object) -> Event:
+    permit = t.permit.id if t.permit else None
+    return Event(kind="outcome", task_id=t.id, job=t.job, domain=t.domain, attempt=1, outcome=outcome,
+                 permit_id=permit, at=clock.now, **fields)  # type: ignore[arg-type]
+
+
+def released_by(governor: str, n: int, domain: str, clock: FakeClock) -> Event:
+    return Event(kind="released", task_id=f"x{n}", job="j", domain=domain, attempt=0,
+                 permit_id=f"{governor}.{n}", at=clock.now)
+
+
+def new_domain(core: Core, domain: str = D) -> None:
+    core.created(domain)
+    core.activate(domain)
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+# -- pacing -------------------------------------------------------------------------------
+
+
+def test_a_brand_new_domain_releases_at_its_rate_from_an_empty_bucket(clock: FakeClock) -> None:
+    core = make_core(clock, rate=4.0)
+    new_domain(core)
+    verdict = core.check(task(), D)
+    assert (verdict.action, verdict.why) == ("wait", "rate")
+    assert verdict.until == pytest.approx(clock.now + 0.25)
+    clock.advance(0.25)
+    assert core.check(task(), D).action == "release"
+    released = core.commit(task(), D)
+    assert released.permit is not None
+    assert released.permit.expires == pytest.approx(clock.now + 30.0)
+    assert core.check(task(1), D).action == "wait"
+
+
+def test_permit_ids_are_unique_and_name_the_governor(clock: FakeClock) -> None:
+    core = make_core(clock)
+    new_domain(core)
+    ids = set()
+    for n in range(5):
+        clock.advance(1)
+        released = core.commit(task(n), D)
+        assert released.permit is not None
+        ids.add(released.permit.id)
+    assert len(ids) == 5
+    assert all(i.startswith("gov-a.") for i in ids)
+
+
+# -- fleet-wide pushback --------------------------------------------------------------------
+
+
+def test_a_429_with_retry_after_pauses_the_domain_for_that_long(clock: FakeClock) -> None:
+    core = make_core(clock)
+    new_domain(core)
+    clock.advance(1)
+    t = core.commit(task(), D)
+    core.on_outcome(outcome(t, "throttled", clock, status=429, retry_after=7.0))
+    verdict = core.check(task(1), D)
+    assert verdict.action == "wait"
+    assert verdict.until == pytest.approx(clock.now + 7.0)
+    assert "Retry-After 7s" in verdict.why
+    clock.advance(7.0)
+    assert core.check(task(1), D).action == "release"
+
+
+def test_a_429_without_retry_after_pauses_for_the_default(clock: FakeClock) -> None:
+    core = make_core(clock, default_pause=12.0)
+    new_domain(core)
+    core.on_outcome(outcome(task(), "throttled", clock, status=503))
+    assert core.check(task(1), D).until == pytest.approx(clock.now + 12.0)
+
+
+def test_a_huge_retry_after_is_capped(clock: FakeClock) -> None:
+    core = make_core(clock, max_pause=60.0)
+    new_domain(core)
+    core.on_outcome(outcome(task(), "throttled", clock, status=429, retry_after=86400.0))
+    assert core.check(task(1), D).until == pytest.approx(clock.now + 60.0)
+
+
+def test_a_pause_seen_by_any_fetcher_applies_to_tasks_another_fetcher_would_get(clock: FakeClock) -> None:
+    # The pause is the domain's, not the fetcher's: the event names no fetcher that matters.
+    core = make_core(clock)
+    new_domain(core)
+    core.on_outcome(outcome(task(), "throttled", clock, status=429, retry_after=3.0, fetcher="f2"))
+    assert core.check(task(1), D).action == "wait"
+    other = "b.example"
+    new_domain(core, other)
+    clock.advance(1)
+    assert core.check(task(2, other), other).action == "release"  # other domains go on
+
+
+def test_a_429_streak_lowers_the_rate_and_successes_bring_it_back(clock: FakeClock) -> None:
+    core = make_core(clock, rate=4.0, aimd_streak=2, aimd_increase=0.5)
+    new_domain(core)
+    core.on_outcome(outcome(task(1), "throttled", clock, status=429, retry_after=1.0))
+    core.on_outcome(outcome(task(2), "throttled", clock, status=429, retry_after=1.0))
+    ks = core.keys[D]
+    assert ks.aimd.rate == 2.0
+    assert ks.bucket.rate == 2.0
+    for n in range(4):
+        core.on_outcome(outcome(task(10 + n), "ok", clock, status=200))
+    assert ks.aimd.rate == 4.0
+    assert ks.bucket.rate == 4.0
+
+
+# -- in flight ------------------------------------------------------------------------------
+
+
+def test_the_concurrency_cap_holds_until_an_outcome_frees_a_slot(clock: FakeClock) -> None:
+    core = make_core(clock, rate=100.0, concurrency=2)
+    new_domain(core)
+    held = []
+    for n in range(2):
+        clock.advance(0.1)
+        held.append(core.commit(task(n), D))
+    clock.advance(0.1)
+    verdict = core.check(task(2), D)
+    assert (verdict.action, verdict.why) == ("wait", "2 fetches in flight")
+    core.on_outcome(outcome(held[0], "ok", clock))
+    assert core.check(task(2), D).action == "release"
+
+
+def test_the_lease_of_a_fetcher_that_died_expires(clock: FakeClock) -> None:
+    core = make_core(clock, rate=100.0, concurrency=1)
+    new_domain(core)
+    clock.advance(0.1)
+    core.commit(task(0), D)
+    clock.advance(0.1)
+    verdict = core.check(task(1), D)
+    assert verdict.until == pytest.approx(clock.now - 0.1 + 30.0 + 40.0)
+    clock.advance(70.0)
+    assert core.expire() == {D}
+    assert core.check(task(1), D).action == "release"
+
+
+def test_releases_stop_while_outstanding_permits_fill_the_fleets_capacity(clock: FakeClock) -> None:
+    capacity = FleetCapacity(stale_after=3.0)
+    core = make_core(clock, rate=100.0, capacity=capacity)
+    core.on_heartbeat(FetcherHeartbeat(fetcher="f1", concurrency=2, busy=0, at=clock.now))
+    domains = [f"d{i}.example" for i in range(3)]
+    for d in domains:
+        new_domain(core, d)
+    clock.advance(0.1)
+    released = [core.commit(task(i, d), d) for i, d in enumerate(domains[:2])]
+    verdict = core.check(task(2, domains[2]), domains[2])
+    assert (verdict.action, verdict.gate) == ("wait", True)
+    core.on_outcome(outcome(released[0], "ok", clock))
+    assert core.check(task(2, domains[2]), domains[2]).action == "release"
+
+
+def test_no_heartbeat_falls_back_to_one_fetchers_worth(clock: FakeClock) -> None:
+    core = make_core(clock, rate=100.0, capacity=FleetCapacity(fallback=1))
+    for d in ("a.example", "b.example"):
+        new_domain(core, d)
+    clock.advance(0.1)
+    core.commit(task(0, "a.example"), "a.example")
+    assert core.check(task(1, "b.example"), "b.example").gate is True
+
+
+def test_fetch_ready_backlog_stops_releases(clock: FakeClock) -> None:
+    core = make_core(clock, rate=100.0, max_ready=5)
+    new_domain(core)
+    clock.advance(0.1)
+    core.ready_depth = 5
+    assert core.check(task(), D).gate is True
+
+
+# -- several governors ------------------------------------------------------------------------
+
+
+def test_another_governors_releases_spend_this_governors_tokens(clock: FakeClock) -> None:
+    core = make_core(clock, rate=2.0)
+    new_domain(core)
+    clock.advance(0.5)
+    core.on_released(released_by("gov-b", 1, D, clock))
+    assert core.check(task(), D).until == pytest.approx(clock.now + 0.5)
+    assert core.leases.count(D) == 1
+
+
+def test_the_echo_of_our_own_release_is_not_counted_again(clock: FakeClock) -> None:
+    core = make_core(clock)
+    new_domain(core)
+    clock.advance(1)
+    t = core.commit(task(), D)
+    assert t.permit is not None
+    core.on_released(Event(kind="released", task_id=t.id, job="j", domain=D, attempt=0, permit_id=t.permit.id))
+    assert core.leases.total == 1
+
+
+def test_a_restarted_governor_waits_one_permit_lifetime_on_a_domain_it_finds(clock: FakeClock) -> None:
+    core = make_core(clock)
+    core.queue(D)  # known from the domain registry, not created here
+    assert core.activate(D) == pytest.approx(clock.now + 30.0)
+    clock.advance(29.0)
+    verdict = core.check(task(), D)
+    assert (verdict.action, verdict.why) == ("wait", "takeover: waiting one permit lifetime")
+    clock.advance(1.0)
+    assert core.check(task(), D).action == "release"
+
+
+def test_a_brand_new_domain_needs_no_takeover_wait(clock: FakeClock) -> None:
+    core = make_core(clock)
+    core.created(D)
+    assert core.activate(D) <= clock.now
+
+
+def test_a_standby_takes_over_one_permit_lifetime_after_the_last_release_it_heard(clock: FakeClock) -> None:
+    core = make_core(clock)
+    clock.advance(100.0)  # the standby has been listening longer than a permit lifetime
+    core.queue(D)
+    core.on_released(released_by("gov-a-old", 1, D, clock))
+    last = clock.now
+    clock.advance(5.0)  # the active governor died; the broker hands the queue over
+    assert core.activate(D) == pytest.approx(last + 30.0)
+    assert core.keys[D].bucket.tokens <= 0  # an empty bucket: no burst at takeover
+
+
+def test_a_standby_that_heard_no_release_takes_over_at_once(clock: FakeClock) -> None:
+    core = make_core(clock)
+    clock.advance(100.0)
+    core.queue(D)
+    assert core.activate(D) <= clock.now
+
+
+def test_a_domain_is_activated_once_until_its_consumer_is_paused(clock: FakeClock) -> None:
+    core = make_core(clock)
+    core.queue(D)
+    first = core.activate(D)
+    clock.advance(5)
+    assert core.activate(D) == first
+    core.deactivate(D)
+    assert core.activate(D) == first  # still within the governor's first permit lifetime
+
+
+# -- robots.txt -------------------------------------------------------------------------------
+
+
+def test_robots_txt_is_fetched_first_with_the_domains_token_and_pages_wait_for_it(clock: FakeClock) -> None:
+    core = make_core(clock, robots=True)
+    new_domain(core)
+    clock.advance(0.25)
+    verdict = core.check(task(), D)
+    assert (verdict.action, verdict.robots) == ("release", "http://a.example")
+    robots_task = core.robots_task(verdict.robots, D)
+    assert (robots_task.url, robots_task.purpose) == ("http://a.example/robots.txt", "robots")
+    released = core.commit(robots_task, D)
+    assert released.permit is not None
+    assert core.check(task(), D).action == "wait"
+    core.on_robots(RobotsFetched(domain=D, url=released.url, status=200, text="User-agent: *\nDisallow: /page/1\n",
+                                 outcome="ok"))
+    assert core.leases.total == 0
+    clock.advance(0.25)
+    assert core.check(task(0), D).action == "release"
+    dead = core.check(task(1), D)
+    assert (dead.action, dead.why) == ("dead", "disallowed by robots.txt")
+
+
+def test_crawl_delay_lowers_the_domains_rate(clock: FakeClock) -> None:
+    core = make_core(clock, rate=4.0, robots=True)
+    new_domain(core)
+    core.on_robots(RobotsFetched(domain=D, url=f"http://{D}/robots.txt", status=200,
+                                 text="User-agent: *\nCrawl-delay: 2\n", outcome="ok"))
+    ks = core.keys[D]
+    assert (ks.aimd.ceiling, ks.bucket.rate) == (0.5, 0.5)
+
+
+def test_a_robots_task_no_longer_needed_is_dropped(clock: FakeClock) -> None:
+    core = make_core(clock, robots=True)
+    new_domain(core)
+    core.on_robots(RobotsFetched(domain=D, url=f"http://{D}/robots.txt", status=404, outcome="not_found"))
+    stale = Task(id=robots_task_id(f"http://{D}"), job="_robots", url=f"http://{D}/robots.txt", domain=D,
+                 purpose="robots")
+    assert core.check(stale, D).action == "drop"
+
+
+def test_robots_are_ignored_when_the_setting_says_so(clock: FakeClock) -> None:
+    core = make_core(clock, robots=False)
+    new_domain(core)
+    clock.advance(0.25)
+    assert core.check(task(), D).robots is None
+
+
+# -- domain keys --------------------------------------------------------------------------------
+
+
+def test_subdomains_share_one_limit_with_registrable_keys(clock: FakeClock) -> None:
+    core = make_core(clock, rate=1.0, key="registrable")
+    for d in ("a.example.com", "b.example.com"):
+        new_domain(core, d)
+    clock.advance(1.0)
+    assert core.check(task(0, "a.example.com"), "a.example.com").action == "release"
+    core.commit(task(0, "a.example.com"), "a.example.com")
+    assert core.check(task(1, "b.example.com"), "b.example.com").why == "rate"
+    assert core.keys["example.com"].queues == {"a.example.com", "b.example.com"}
+
+
+def test_the_snapshot_shows_rate_pause_and_in_flight(clock: FakeClock) -> None:
+    core = make_core(clock, rate=4.0)
+    new_domain(core)
+    clock.advance(1)
+    t = core.commit(task(), D)
+    core.on_outcome(outcome(task(9), "throttled", clock, status=429, retry_after=5.0))
+    (row,) = core.snapshot()
+    assert row["domain"] == D
+    assert row["rate"] == 4.0
+    assert row["in_flight"] == 1
+    assert row["paused_for"] == pytest.approx(5.0)
+    assert t.permit is not None
