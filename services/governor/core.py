@@ -306,7 +306,7 @@ class Core:
         self.leases.end(task_id=robots_task_id(origin))
         if self.robots is None:
             return None
-        rules = self.robots.result(origin, result.status, result.text, self.clock())
+        rules = self.robots.result(origin, result.status, result.text, self.clock(), result.outcome)
         key = self.key_of(result.domain)
         ks = self.key_state(key)
         cap = rules.rate_cap if rules is not None else None

@@ -176,12 +176,21 @@ class RobotsCache:
         state.task_id = task_id
         state.until = now + self.fetch_deadline
 
-    def result(self, origin: str, status: int | None, text: str, now: float) -> RobotsRules | None:
-        """A robots.txt fetch finished (`status` None: unreachable); the rules now in force."""
+    def result(
+        self, origin: str, status: int | None, text: str, now: float, outcome: str | None = None
+    ) -> RobotsRules | None:
+        """A robots.txt fetch finished (`status` None: unreachable); the rules now in force.
+
+        An origin Hutch may not fetch at all (`forbidden_target`, `invalid_url`) gets no
+        robots verdict of its own: its pages meet the same refusal on their own fetch, and
+        that refusal, not `robots`, is what their dead letters should say.
+        """
         state = self.origins.setdefault(origin, OriginState())
         state.last_status = status
         state.task_id = None
-        if status is not None and 200 <= status < 300:
+        if outcome in NOT_FETCHABLE:
+            self._known(state, RobotsRules.allow_all(self.user_agent, f"robots.txt {outcome}"), now)
+        elif status is not None and 200 <= status < 300:
             self._known(state, RobotsRules.parse(text, self.user_agent), now)
         elif status is not None and 300 <= status < 500 and status != 429:
             self._known(state, RobotsRules.allow_all(self.user_agent, f"robots.txt HTTP {status}"), now)
@@ -215,6 +224,9 @@ class RobotsCache:
     def rules(self, origin: str) -> RobotsRules | None:
         state = self.origins.get(origin)
         return state.rules if state is not None and state.phase == "known" else None
+
+
+NOT_FETCHABLE = ("forbidden_target", "invalid_url")
 
 
 def _status(status: int | None) -> str:

@@ -94,6 +94,12 @@ def test_a_4xx_means_allow_all(cache: RobotsCache, status: int) -> None:
     assert cache.check(URL, 2.0)[0] == "allow"
 
 
+@pytest.mark.parametrize("outcome", ["forbidden_target", "invalid_url"])
+def test_an_origin_hutch_may_not_fetch_gets_no_robots_verdict_of_its_own(cache: RobotsCache, outcome: str) -> None:
+    cache.result("http://a.example", None, "", 1.0, outcome)
+    assert cache.check(URL, 2.0)[0] == "allow"
+
+
 @pytest.mark.parametrize("status", [500, 503, 429, None])
 def test_a_5xx_429_or_no_answer_waits_and_retries_then_disallows(cache: RobotsCache, status: int | None) -> None:
     cache.result("http://a.example", status, "", 0.0)
