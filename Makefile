@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test unit integration e2e lint broker bench clean help
+.PHONY: demo test unit integration e2e lint broker bench bench-governor bench-proxy bench-submit clean help
 
 help:
 	@echo "make demo   - set up, make sure RabbitMQ is reachable, run the sample job against the sandbox"
@@ -45,8 +45,19 @@ lint: $(STAMP)
 	rm -rf build/typecheck && mkdir -p build/typecheck && ln -s ../../shared build/typecheck/hutch
 	cd build/typecheck && ../../$(VENV)/bin/mypy -p hutch --config-file ../../pyproject.toml
 
-bench: broker
+# Benchmarks print their figures; docs/benchmarks.md records them with their configs.
+bench: bench-governor bench-proxy bench-submit
+
+bench-governor: broker
+	$(PY) bench/governor_sites.py
 	$(PY) bench/governor_permits.py
+	$(PY) bench/governor_memory.py
+
+bench-proxy: broker
+	$(PY) bench/proxy_escalation.py
+
+bench-submit: broker
+	$(PY) bench/submit_bench.py
 
 clean:
 	rm -rf $(VENV) hutch-data .pytest_cache .mypy_cache .ruff_cache
