@@ -108,6 +108,7 @@ def settings(amqp_url: str, namespace: str, tmp_path: Path, request: pytest.Fixt
         rpc_timeout=2.0,
         shutdown_grace=3.0,
         publish_timeout=5.0,
+        default_pause=1.0,  # a 503 without Retry-After pauses its domain this long
     )
     yield settings
     if not request.config.stash.get(OWN_VHOST, True):

@@ -29,6 +29,7 @@ from hutch.services import SERVICES, service_class
 from hutch.services.control import dlq
 from hutch.services.control.submit import UrlFileError, check_urls, submit, valid_urls
 from hutch.services.control.supervisor import Supervisor
+from hutch.services.governor.limits import LimitsError, parse_rate_for
 from hutch.services.governor.status import domain_status
 from hutch.services.parser.spec import SpecError, load_spec
 from hutch.services.proxy_manager.costs import cost_summary
@@ -293,11 +294,37 @@ async def _run_supervisor(supervisor: Supervisor, until: Coroutine[Any, Any, Any
         await supervisor.stop()
 
 
+def _limit_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """Settings from the rate-limit flags of `up` and `run` (None: not given)."""
+    rate_for = ",".join(args.rate_for) if args.rate_for else None
+    try:
+        parse_rate_for(rate_for)
+    except LimitsError as exc:
+        raise UserError(f"--rate-for: {exc}") from None
+    return {
+        "rate": getattr(args, "rate", None),
+        "rate_for": rate_for,
+        "concurrency_per_domain": args.concurrency_per_domain,
+        "respect_robots": False if args.ignore_robots else None,
+    }
+
+
+def _limit_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--rate-for",
+        action="append",
+        metavar="DOMAIN=R/s",
+        help="the rate of one domain, e.g. shop.example=0.5/s (repeatable)",
+    )
+    p.add_argument("--concurrency-per-domain", type=int, help="fetches in flight per domain, fleet-wide")
+    p.add_argument("--ignore-robots", action="store_true", help="do not fetch or obey robots.txt")
+
+
 async def cmd_up(args: argparse.Namespace) -> int:
-    settings = _settings()
+    settings = _settings(**_limit_overrides(args))
     broker = await _connect(settings)
     await broker.close()
-    env = dict(os.environ)
+    env = settings.to_env(os.environ)
     print(f"starting {', '.join(SERVICES)} ({args.fetchers} fetchers); Ctrl-C stops all", file=sys.stderr)
     await _run_supervisor(Supervisor(env, fetchers=args.fetchers, grace=settings.shutdown_grace))
     return 0
@@ -366,7 +393,7 @@ async def run_job(
 
 
 async def cmd_run(args: argparse.Namespace) -> int:
-    settings = _settings(rate=args.rate, proxy_file=args.proxies)
+    settings = _settings(proxy_file=args.proxies, **_limit_overrides(args))
     path = Path(args.urls_file)
     spec = _load_spec(args.spec)
     if args.proxies:
@@ -427,6 +454,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("up", help="run every service as a child process (Ctrl-C stops all)")
     p.add_argument("--fetchers", type=int, default=1, help="fetcher processes (default 1)")
+    p.add_argument("--rate", type=_rate, help="fetches per second per domain, e.g. 2/s")
+    _limit_args(p)
     p.set_defaults(run=cmd_up, is_async=True)
 
     p = sub.add_parser("serve", help="run one service (what a container runs)")
@@ -459,6 +488,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("run", help="start the services, run a job to the end, export its items")
     job_args(p)
     p.add_argument("--rate", type=_rate, help="fetches per second per domain, e.g. 2/s")
+    _limit_args(p)
     p.add_argument("--proxies", help="proxy file: a proxy URL a line, optional tier word after it")
     p.add_argument("--fetchers", type=int, default=1, help="fetcher processes (default 1)")
     p.add_argument("--out", help="JSONL file for the items (default <data dir>/<job>.jsonl)")

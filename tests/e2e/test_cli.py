@@ -314,6 +314,27 @@ async def test_run_with_a_spec_a_rate_and_proxies_fetches_through_the_proxies_at
         assert min(spans) > 0.8, (name, spans)
 
 
+async def test_run_with_a_rate_for_one_domain_and_ignore_robots(
+    settings: Settings, env: dict[str, str], sandbox: Sandbox, tmp_path: Path
+) -> None:
+    slow, fast = list(sandbox.sites.values())[:2]
+    urls_file = write(tmp_path / "limits.txt", "".join(f"{url}\n" for url in sandbox.urls()))
+    done = await hutch(
+        env, "run", str(urls_file), "--rate", "20/s", "--rate-for", f"{slow.domain}=2/s",
+        "--ignore-robots", "--out", str(tmp_path / "limits.jsonl"), timeout=75,
+    )  # fmt: skip
+    assert done.code == 0, done
+    hits = [r for r in sandbox.log if r.kind == "site"]
+    assert not [r for r in hits if r.path == "/robots.txt"]
+    slow_arrivals = sorted(r.ts for r in hits if r.site == slow.name)
+    fast_arrivals = sorted(r.ts for r in hits if r.site == fast.name)
+    # 2/s with burst 1: any three requests to the slow site span about a second or more.
+    assert min(b - a for a, b in zip(slow_arrivals, slow_arrivals[2:], strict=False)) > 0.8
+    assert fast_arrivals[-1] - fast_arrivals[0] < slow_arrivals[-1] - slow_arrivals[0]
+    bad = await hutch(env, "run", str(urls_file), "--rate-for", "nonsense")
+    refused_in_one_sentence(bad, "--rate-for")
+
+
 async def test_run_with_a_tier_floor_uses_only_proxies_of_that_tier_or_costlier(
     settings: Settings, env: dict[str, str], sandbox: Sandbox, tmp_path: Path
 ) -> None:
