@@ -6,18 +6,7 @@ import pytest
 
 from hutch.services.governor.buckets import Buckets, TokenBucket
 
-
-class FakeClock:
-    """A clock that moves only when the test says so."""
-
-    def __init__(self, start: float = 1000.0) -> None:
-        self.now = start
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
+from .clock import FakeClock
 
 
 @pytest.fixture

@@ -11,19 +11,12 @@ from hutch.services.governor.limits import DomainLimit, Limits
 from hutch.services.governor.robots import RobotsCache
 from hutch.services.governor.suffixes import key_function
 
+from .clock import FakeClock
+
 UA = "Hutch/0.1"
 D = "a.example"
 
 
-class FakeClock:
-    def __init__(self, start: float = 1_000_000.0) -> None:
-        self.now = start
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
 
 
 def make_core(
@@ -72,7 +65,7 @@ def new_domain(core: Core, domain: str = D) -> None:
 
 @pytest.fixture
 def clock() -> FakeClock:
-    return FakeClock()
+    return FakeClock(1_000_000.0)
 
 
 # -- pacing -------------------------------------------------------------------------------

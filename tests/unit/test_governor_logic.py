@@ -12,16 +12,7 @@ from hutch.services.governor.capacity import FleetCapacity
 from hutch.services.governor.leases import Leases
 from hutch.services.governor.limits import DomainLimit, Limits, LimitsError, parse_rate, parse_rate_for
 
-
-class FakeClock:
-    def __init__(self, start: float = 1000.0) -> None:
-        self.now = start
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
+from .clock import FakeClock
 
 
 @pytest.fixture

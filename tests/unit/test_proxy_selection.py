@@ -14,16 +14,7 @@ from hutch.services.proxy_manager.leases import CAP_MARGIN, Selector, SelectorCo
 from hutch.services.proxy_manager.pool import PoolConfig, Proxy
 from hutch.services.proxy_manager.tiers import TierConfig
 
-
-class Clock:
-    def __init__(self, now: float = 1_000_000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
+from .clock import FakeClock
 
 
 def pool(dc: int = 3, res: int = 0, mobile: int = 0, floors: dict[str, str] | None = None) -> PoolConfig:
@@ -34,7 +25,7 @@ def pool(dc: int = 3, res: int = 0, mobile: int = 0, floors: dict[str, str] | No
 
 
 def selector(
-    clock: Clock,
+    clock: FakeClock,
     the_pool: PoolConfig | None = None,
     *,
     cap: float = 1e6,
@@ -64,7 +55,7 @@ def ask(
     s: Selector, domain: str = "shop", task: str = "t1", exclude: tuple[str, ...] = (), floor: str | None = None
 ) -> Lease:
     """A lease request, one millisecond after the previous one (so the default cap never binds)."""
-    assert isinstance(s.clock, Clock)
+    assert isinstance(s.clock, FakeClock)
     s.clock.advance(0.001)
     return s.lease(LeaseRequest(task_id=task, domain=domain, exclude=list(exclude), tier_floor=floor))
 
@@ -89,14 +80,14 @@ def report(s: Selector, lease: Lease, outcome: str, domain: str = "shop", task: 
 
 
 def test_a_lease_names_the_proxy_its_url_tier_and_cost() -> None:
-    lease = ask(selector(Clock()))
+    lease = ask(selector(FakeClock(1_000_000.0)))
     assert lease.proxy_id == "dc0"
     assert lease.url == "http://u:pw@10.0.1.0:8080"
     assert (lease.tier, lease.cost, lease.direct, lease.retry_in) == ("datacenter", 0.0001, False, None)
 
 
 def test_an_empty_pool_never_goes_direct_but_says_when_to_ask_again() -> None:
-    s = selector(Clock(), PoolConfig())
+    s = selector(FakeClock(1_000_000.0), PoolConfig())
     lease = ask(s)
     assert lease.direct is False and lease.proxy_id is None
     assert lease.retry_in is not None and lease.retry_in > 0
@@ -106,7 +97,7 @@ def test_an_empty_pool_never_goes_direct_but_says_when_to_ask_again() -> None:
 
 
 def test_a_retry_never_gets_a_proxy_that_failed_this_task() -> None:
-    clock = Clock()
+    clock = FakeClock(1_000_000.0)
     s = selector(clock)
     for _ in range(20):
         clock.advance(1)
@@ -115,32 +106,32 @@ def test_a_retry_never_gets_a_proxy_that_failed_this_task() -> None:
 
 
 def test_an_exclusion_applies_only_to_the_task_that_carries_it() -> None:
-    s = selector(Clock())
+    s = selector(FakeClock(1_000_000.0))
     assert ask(s, task="a", exclude=("dc0",)).proxy_id == "dc1"
     assert ask(s, task="b").proxy_id == "dc0"
 
 
 def test_when_every_datacenter_proxy_failed_the_task_it_gets_a_residential_one() -> None:
-    s = selector(Clock(), pool(dc=2, res=1))
+    s = selector(FakeClock(1_000_000.0), pool(dc=2, res=1))
     lease = ask(s, exclude=("dc0", "dc1"))
     assert (lease.proxy_id, lease.tier) == ("res0", "residential")
 
 
 def test_when_every_proxy_failed_the_task_the_exclusion_is_dropped_rather_than_stall() -> None:
-    s = selector(Clock(), pool(dc=2))
+    s = selector(FakeClock(1_000_000.0), pool(dc=2))
     lease = ask(s, exclude=("dc0", "dc1"))
     assert lease.proxy_id in ("dc0", "dc1")
 
 
 def test_unknown_ids_in_the_exclusion_do_not_matter() -> None:
-    assert ask(selector(Clock()), exclude=("px-gone",)).proxy_id == "dc0"
+    assert ask(selector(FakeClock(1_000_000.0)), exclude=("px-gone",)).proxy_id == "dc0"
 
 
 # -- least recently used, healthy first ------------------------------------------------------------
 
 
 def test_leases_go_round_the_pool_least_recently_used_first() -> None:
-    clock = Clock()
+    clock = FakeClock(1_000_000.0)
     s = selector(clock)
     chosen = []
     for _ in range(6):
@@ -150,7 +141,7 @@ def test_leases_go_round_the_pool_least_recently_used_first() -> None:
 
 
 def test_least_recently_used_counts_leases_on_every_domain() -> None:
-    clock = Clock()
+    clock = FakeClock(1_000_000.0)
     s = selector(clock)
     assert ask(s, domain="a").proxy_id == "dc0"
     clock.advance(0.01)
@@ -158,7 +149,7 @@ def test_least_recently_used_counts_leases_on_every_domain() -> None:
 
 
 def test_an_unhealthy_proxy_is_used_only_when_no_healthy_one_is_free() -> None:
-    clock = Clock()
+    clock = FakeClock(1_000_000.0)
     s = selector(clock, pool(dc=2), cap=1.0)
     bad = Lease(proxy_id="dc0", tier="datacenter")
     for _ in range(6):
@@ -175,7 +166,7 @@ def test_an_unhealthy_proxy_is_used_only_when_no_healthy_one_is_free() -> None:
 
 
 def test_a_blocked_proxy_is_banned_on_that_domain_only() -> None:
-    clock = Clock()
+    clock = FakeClock(1_000_000.0)
     s = selector(clock, pool(dc=2))
     first = ask(s, domain="shop")
     assert first.proxy_id == "dc0"
@@ -188,7 +179,7 @@ def test_a_blocked_proxy_is_banned_on_that_domain_only() -> None:
 
 
 def test_a_ban_ends_after_its_cooldown() -> None:
-    clock = Clock()
+    clock = FakeClock(1_000_000.0)
     s = selector(clock, pool(dc=1))
     report(s, ask(s), "blocked")
     clock.advance(59)
@@ -198,7 +189,7 @@ def test_a_ban_ends_after_its_cooldown() -> None:
 
 
 def test_the_cooldown_doubles_with_each_repeated_block() -> None:
-    clock = Clock()
+    clock = FakeClock(1_000_000.0)
     s = selector(clock, pool(dc=1), blocks=100)
     durations = []
     for _ in range(4):
@@ -211,7 +202,7 @@ def test_the_cooldown_doubles_with_each_repeated_block() -> None:
 
 
 def test_a_block_reported_during_a_ban_does_not_lengthen_it() -> None:
-    clock = Clock()
+    clock = FakeClock(1_000_000.0)
     s = selector(clock, pool(dc=1))
     lease = ask(s)
     report(s, lease, "blocked")
@@ -221,7 +212,7 @@ def test_a_block_reported_during_a_ban_does_not_lengthen_it() -> None:
 
 
 def test_when_every_proxy_is_banned_the_lease_says_when_the_first_ban_ends() -> None:
-    clock = Clock()
+    clock = FakeClock(1_000_000.0)
     s = selector(clock, pool(dc=2), blocks=100)
     report(s, ask(s, task="a"), "blocked")
     clock.advance(10)
@@ -232,7 +223,7 @@ def test_when_every_proxy_is_banned_the_lease_says_when_the_first_ban_ends() -> 
 
 
 def test_a_ban_of_some_proxies_of_a_tier_does_not_move_the_domain_to_a_costlier_tier() -> None:
-    clock = Clock()
+    clock = FakeClock(1_000_000.0)
     s = selector(clock, pool(dc=3, res=1), blocks=100)
     report(s, ask(s, task="a"), "blocked")
     report(s, ask(s, task="b"), "blocked")
@@ -240,7 +231,7 @@ def test_a_ban_of_some_proxies_of_a_tier_does_not_move_the_domain_to_a_costlier_
 
 
 def test_when_every_proxy_of_the_tier_is_banned_on_a_domain_it_moves_to_the_next_tier() -> None:
-    clock = Clock()
+    clock = FakeClock(1_000_000.0)
     s = selector(clock, pool(dc=2, res=1), blocks=3)  # two proxies can never collect three blocks
     report(s, ask(s, task="a"), "blocked")
     report(s, ask(s, task="b"), "blocked")
@@ -252,7 +243,7 @@ def test_when_every_proxy_of_the_tier_is_banned_on_a_domain_it_moves_to_the_next
 
 
 def test_with_no_costlier_tier_every_proxy_banned_means_waiting_for_the_first_ban_to_end() -> None:
-    clock = Clock()
+    clock = FakeClock(1_000_000.0)
     s = selector(clock, pool(dc=2), blocks=100)
     report(s, ask(s, task="a"), "blocked")
     report(s, ask(s, task="b"), "blocked")
@@ -264,7 +255,7 @@ def test_with_no_costlier_tier_every_proxy_banned_means_waiting_for_the_first_ba
 
 
 def test_one_proxy_never_exceeds_its_cap_on_one_domain() -> None:
-    clock = Clock()
+    clock = FakeClock(1_000_000.0)
     s = selector(clock, pool(dc=1), cap=2.0)
     granted = []
     for step in range(1000):  # 10 s asked every 10 ms
@@ -277,7 +268,7 @@ def test_one_proxy_never_exceeds_its_cap_on_one_domain() -> None:
 
 
 def test_at_its_cap_the_lease_says_when_the_proxy_is_free_again() -> None:
-    clock = Clock()
+    clock = FakeClock(1_000_000.0)
     s = selector(clock, pool(dc=1), cap=2.0)
     assert ask(s).proxy_id == "dc0"
     clock.advance(0.2)
@@ -287,12 +278,12 @@ def test_at_its_cap_the_lease_says_when_the_proxy_is_free_again() -> None:
 
 
 def test_the_cap_is_per_domain_so_one_proxy_serves_many_domains_at_once() -> None:
-    s = selector(Clock(), pool(dc=1), cap=1.0)
+    s = selector(FakeClock(1_000_000.0), pool(dc=1), cap=1.0)
     assert [ask(s, domain=d).proxy_id for d in ("a", "b", "c")] == ["dc0", "dc0", "dc0"]
 
 
 def test_the_fleet_rate_to_one_domain_spreads_over_the_proxies() -> None:
-    clock = Clock()
+    clock = FakeClock(1_000_000.0)
     s = selector(clock, pool(dc=4), cap=1.0)
     used: Counter[str] = Counter()
     for step in range(400):  # 4 requests a second for 100 s
@@ -308,7 +299,7 @@ def test_the_fleet_rate_to_one_domain_spreads_over_the_proxies() -> None:
 
 
 def test_repeated_proxy_failures_mark_a_proxy_dead_and_it_gets_no_lease() -> None:
-    clock = Clock()
+    clock = FakeClock(1_000_000.0)
     s = selector(clock, pool(dc=2), dead_after=3)
     dead = Lease(proxy_id="dc0", tier="datacenter")
     for _ in range(3):
@@ -319,7 +310,7 @@ def test_repeated_proxy_failures_mark_a_proxy_dead_and_it_gets_no_lease() -> Non
 
 
 def test_a_success_between_proxy_failures_resets_the_count() -> None:
-    s = selector(Clock(), pool(dc=1), dead_after=3)
+    s = selector(FakeClock(1_000_000.0), pool(dc=1), dead_after=3)
     lease = Lease(proxy_id="dc0", tier="datacenter")
     for outcome in ("proxy_failure", "proxy_failure", "ok", "proxy_failure", "proxy_failure"):
         report(s, lease, outcome)
@@ -327,7 +318,7 @@ def test_a_success_between_proxy_failures_resets_the_count() -> None:
 
 
 def test_a_dead_proxy_comes_back_only_after_a_successful_probe() -> None:
-    clock = Clock()
+    clock = FakeClock(1_000_000.0)
     s = selector(clock, pool(dc=1), dead_after=1, active_probe=True)
     report(s, Lease(proxy_id="dc0", tier="datacenter"), "proxy_failure")
     assert ask(s).proxy_id is None
@@ -343,7 +334,7 @@ def test_a_dead_proxy_comes_back_only_after_a_successful_probe() -> None:
 
 
 def test_without_a_probe_url_a_dead_proxy_gets_one_trial_lease_per_interval() -> None:
-    clock = Clock()
+    clock = FakeClock(1_000_000.0)
     s = selector(clock, pool(dc=1), dead_after=1, active_probe=False)
     report(s, Lease(proxy_id="dc0", tier="datacenter"), "proxy_failure")
     assert ask(s).proxy_id is None
@@ -357,7 +348,7 @@ def test_without_a_probe_url_a_dead_proxy_gets_one_trial_lease_per_interval() ->
 
 
 def test_every_proxy_dead_means_asking_again_when_the_first_is_probed() -> None:
-    clock = Clock()
+    clock = FakeClock(1_000_000.0)
     s = selector(clock, pool(dc=1), dead_after=1)
     report(s, Lease(proxy_id="dc0", tier="datacenter"), "proxy_failure")
     clock.advance(10)
@@ -366,7 +357,7 @@ def test_every_proxy_dead_means_asking_again_when_the_first_is_probed() -> None:
 
 
 def test_when_every_datacenter_proxy_is_dead_a_residential_one_carries_the_work() -> None:
-    s = selector(Clock(), pool(dc=1, res=1), dead_after=1)
+    s = selector(FakeClock(1_000_000.0), pool(dc=1, res=1), dead_after=1)
     report(s, Lease(proxy_id="dc0", tier="datacenter"), "proxy_failure")
     assert ask(s).proxy_id == "res0"
 
@@ -375,12 +366,12 @@ def test_when_every_datacenter_proxy_is_dead_a_residential_one_carries_the_work(
 
 
 def test_a_domain_starts_on_the_cheapest_tier() -> None:
-    s = selector(Clock(), pool(dc=1, res=1, mobile=1))
+    s = selector(FakeClock(1_000_000.0), pool(dc=1, res=1, mobile=1))
     assert ask(s).tier == "datacenter"
 
 
 def test_k_blocks_in_the_window_move_the_domain_to_residential_and_others_stay() -> None:
-    clock = Clock()
+    clock = FakeClock(1_000_000.0)
     s = selector(clock, pool(dc=4, res=2), blocks=3)
     for i in range(3):
         clock.advance(1)
@@ -392,7 +383,7 @@ def test_k_blocks_in_the_window_move_the_domain_to_residential_and_others_stay()
 
 
 def test_blocks_spread_wider_than_the_window_do_not_escalate() -> None:
-    clock = Clock()
+    clock = FakeClock(1_000_000.0)
     s = selector(clock, pool(dc=4, res=1), blocks=3)
     for i in range(6):
         clock.advance(31)
@@ -402,26 +393,27 @@ def test_blocks_spread_wider_than_the_window_do_not_escalate() -> None:
 
 
 def test_a_job_floor_raises_the_tier_for_its_tasks_only() -> None:
-    s = selector(Clock(), pool(dc=1, res=1))
+    s = selector(FakeClock(1_000_000.0), pool(dc=1, res=1))
     assert ask(s, task="a", floor="residential").tier == "residential"
     assert ask(s, task="b").tier == "datacenter"
 
 
 def test_a_domain_floor_from_the_settings_or_the_pool_file_raises_the_tier() -> None:
-    s = selector(Clock(), pool(dc=1, res=1, mobile=1, floors={"bank": "mobile"}), floors={"shop": "residential"})
+    floors = {"bank": "mobile"}
+    s = selector(FakeClock(1_000_000.0), pool(dc=1, res=1, mobile=1, floors=floors), floors={"shop": "residential"})
     assert ask(s, domain="shop").tier == "residential"
     assert ask(s, domain="bank").tier == "mobile"
     assert ask(s, domain="news").tier == "datacenter"
 
 
 def test_a_floor_no_proxy_in_the_pool_meets_waits_rather_than_use_a_cheaper_tier() -> None:
-    s = selector(Clock(), pool(dc=2))
+    s = selector(FakeClock(1_000_000.0), pool(dc=2))
     lease = ask(s, floor="residential")
     assert lease.proxy_id is None and lease.retry_in is not None
 
 
 def test_an_escalated_domain_tries_the_cheaper_tier_once_per_interval_with_one_lease_at_a_time() -> None:
-    clock = Clock()
+    clock = FakeClock(1_000_000.0)
     s = selector(clock, pool(dc=4, res=2), blocks=3, trial_interval=600, deescalate_after=3)
     for i in range(3):
         report(s, ask(s, task=f"t{i}"), "blocked", task=f"t{i}")
@@ -446,7 +438,7 @@ def test_an_escalated_domain_tries_the_cheaper_tier_once_per_interval_with_one_l
 
 
 def test_a_run_of_successes_on_the_cheaper_tier_brings_the_domain_back_down() -> None:
-    clock = Clock()
+    clock = FakeClock(1_000_000.0)
     s = selector(clock, pool(dc=2, res=2), blocks=3, trial_interval=600, deescalate_after=3)
     for i in range(3):
         report(s, ask(s, task=f"t{i}"), "blocked", task=f"t{i}")
@@ -460,7 +452,7 @@ def test_a_run_of_successes_on_the_cheaper_tier_brings_the_domain_back_down() ->
 
 
 def test_a_late_block_from_before_the_escalation_is_not_counted_again() -> None:
-    clock = Clock()
+    clock = FakeClock(1_000_000.0)
     s = selector(clock, pool(dc=4, res=2, mobile=1), blocks=3)
     early = [ask(s, task=f"t{i}") for i in range(4)]
     for i, lease in enumerate(early):
@@ -469,7 +461,7 @@ def test_a_late_block_from_before_the_escalation_is_not_counted_again() -> None:
 
 
 def test_the_proxy_pool_reload_keeps_health_and_tiers_of_proxies_kept() -> None:
-    clock = Clock()
+    clock = FakeClock(1_000_000.0)
     s = selector(clock, pool(dc=2, res=1), blocks=1)
     report(s, ask(s), "blocked")
     assert s.tiers.level("shop") == 1
@@ -479,14 +471,14 @@ def test_the_proxy_pool_reload_keeps_health_and_tiers_of_proxies_kept() -> None:
 
 
 def test_a_learned_tier_gone_from_the_pool_falls_back_to_what_the_pool_has() -> None:
-    s = selector(Clock(), pool(dc=2, res=1), blocks=1)
+    s = selector(FakeClock(1_000_000.0), pool(dc=2, res=1), blocks=1)
     report(s, ask(s), "blocked")
     s.set_pool(pool(dc=2))
     assert ask(s).tier == "datacenter"
 
 
 def test_events_without_a_proxy_change_nothing() -> None:
-    s = selector(Clock())
+    s = selector(FakeClock(1_000_000.0))
     before = s.version
     for outcome in ("permit_expired", "no_lease", "no_proxy", "redelivered"):
         s.report(Event(kind="outcome", task_id="t", job="j", domain="shop", attempt=0, outcome=outcome))
@@ -494,7 +486,7 @@ def test_events_without_a_proxy_change_nothing() -> None:
 
 
 def test_a_block_reported_long_after_it_happened_starts_no_ban_that_would_have_ended() -> None:
-    clock = Clock()
+    clock = FakeClock(1_000_000.0)
     s = selector(clock, pool(dc=1))
     lease = ask(s)
     clock.advance(120)  # the manager was down; the report waited in the durable events queue
@@ -508,7 +500,7 @@ def test_a_block_reported_long_after_it_happened_starts_no_ban_that_would_have_e
 
 
 def test_a_domain_whose_floor_tier_is_blocked_too_moves_to_the_next_tier() -> None:
-    clock = Clock()
+    clock = FakeClock(1_000_000.0)
     s = selector(clock, pool(dc=2, res=3, mobile=1, floors={"bank": "residential"}), blocks=3)
     for i in range(3):
         lease = ask(s, domain="bank", task=f"t{i}")
