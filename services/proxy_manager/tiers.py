@@ -148,13 +148,8 @@ class DomainTiers:
         costlier = self._costlier(level)
         if costlier is None:
             return None
-        old = state.level
-        state.level = costlier
-        state.blocks = {}
-        state.escalated_at = now
-        state.next_trial = now + self.config.trial_interval
-        state.trial = None
-        return TierChange(domain, old, costlier, f"{self.config.escalate_blocks} blocks in {self.config.window:g}s")
+        why = f"{self.config.escalate_blocks} blocks in {self.config.window:g}s"
+        return self._escalate(domain, state, costlier, now, why)
 
     def exhausted(self, domain: str, level: int, now: float) -> TierChange | None:
         """Every proxy of `level` is banned on the domain: the site blocked them all, so the
@@ -165,13 +160,17 @@ class DomainTiers:
         costlier = self._costlier(level)
         if level < state.level or costlier is None:
             return None
+        return self._escalate(domain, state, costlier, now, f"every {TIERS[level]} proxy banned there")
+
+    def _escalate(self, domain: str, state: DomainTier, costlier: int, now: float, why: str) -> TierChange:
+        """Move the domain up to `costlier`; the cheaper tier is tried again only after a while."""
         old = state.level
         state.level = costlier
         state.blocks = {}
         state.escalated_at = now
         state.next_trial = now + self.config.trial_interval
         state.trial = None
-        return TierChange(domain, old, costlier, f"every {TIERS[level]} proxy banned there")
+        return TierChange(domain, old, costlier, why)
 
     def _trial_report(
         self, domain: str, state: DomainTier, trial: Trial, outcome: str, now: float
