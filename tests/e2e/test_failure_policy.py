@@ -19,13 +19,17 @@ from typing import Any
 
 import pytest
 
+from hutch.admin import delete_namespace
 from hutch.amqp import Broker
 from hutch.sandbox import AccessRecord, Sandbox, expected_page, load_config
 from hutch.services.control.dlq import replay
 from hutch.services.control.submit import submit
 from hutch.services.control.supervisor import Supervisor
+from hutch.services.proxy_manager.pool import load_pool
 from hutch.settings import Settings
 from hutch.store import AsyncStore, Store
+
+from ..conftest import OWN_VHOST
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
@@ -183,8 +187,6 @@ async def run_job(settings: Settings) -> Run:
             run.replayed = snapshot(settings, "policy", {"exhausted_then_healed": urls["exhausted_then_healed"]})
         finally:
             await supervisor.stop()
-        from hutch.services.proxy_manager.pool import load_pool
-
         for proxy in load_pool(proxy_file):
             name = next((n for n, p in sandbox.proxies.items() if proxy.url.endswith(f":{p.port}")), "closed")
             run.proxy_ids[name] = proxy.id
@@ -193,9 +195,13 @@ async def run_job(settings: Settings) -> Run:
 
 
 @pytest.fixture(scope="module")
-def run(amqp_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
+def run(amqp_url: str, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[Run]:
     settings = settings_for(amqp_url, tmp_path_factory.mktemp("policy"))
-    yield asyncio.run(run_job(settings))
+    try:
+        yield asyncio.run(run_job(settings))
+    finally:
+        if not request.config.stash.get(OWN_VHOST, True):  # no vhost of our own: leave nothing behind
+            asyncio.run(delete_namespace(settings))
 
 
 def site_requests(run: Run, path_prefix: str) -> list[AccessRecord]:
