@@ -113,6 +113,10 @@ class Process:
             await asyncio.sleep(0.1)
         raise TimeoutError(f"{self.label} not ready: see {self.log_path}")
 
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process is not None else None
+
     def last_line(self, containing: str) -> str:
         lines = [x for x in self.log_path.read_text(errors="replace").splitlines() if containing in x]
         return lines[-1].split(": ", 1)[-1] if lines else "(nothing logged)"
@@ -146,6 +150,19 @@ async def processes(*items: Process) -> AsyncIterator[list[Process]]:
     finally:
         for item in reversed(started):
             await item.stop()
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time a process has used so far, in seconds (Linux)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def broker_pid() -> int | None:
+    """The local RabbitMQ node's process id, or None when the broker is not on this machine."""
+    done = subprocess.run(["pgrep", "-f", "beam.smp.*rabbit"], capture_output=True, text=True)
+    pids = done.stdout.split()
+    return int(pids[0]) if pids else None
 
 
 def rss_kib(pid: int) -> int:

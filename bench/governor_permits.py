@@ -28,7 +28,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from governor_common import Process, bench_vhost, check_fd_room, child_env, processes, service
+from governor_common import (
+    Process,
+    bench_vhost,
+    broker_pid,
+    check_fd_room,
+    child_env,
+    cpu_seconds,
+    processes,
+    service,
+)
 
 from hutch.amqp import Broker, declare_queue
 from hutch.domains import routing_key
@@ -134,16 +143,27 @@ async def one_run(args: argparse.Namespace, label: str, profile: Path | None = N
                     raise RuntimeError(f"no permit within 60s; see {work}")
                 await asyncio.sleep(0.2)
             await asyncio.sleep(2.0)  # warm-up
+            pids = {"governor": governor.pid, "stand-in": standin.pid, "broker": broker_pid()}
+            cpu0 = {name: cpu_seconds(pid) for name, pid in pids.items() if pid}
+            w0 = time.monotonic()
             t0, c0, a0 = read_counts(counts)[-1]
             await asyncio.sleep(args.measure)
             print(f"  {label}: governor: {governor.last_line('permits/s')}", flush=True)
             t1, c1, a1 = read_counts(counts)[-1]
+            cpu1 = {name: cpu_seconds(pids[name]) for name in cpu0}
+            wall = time.monotonic() - w0
             await governor.stop(timeout=90)
         rate = (c1 - c0) / (t1 - t0)
         total = args.domains * args.per_domain
         age = (a1 - a0) / max(c1 - c0, 1)
         print(f"  {label}: {rate:,.0f} permits/s, permit age at use {age * 1000:.0f} ms "
               f"({c1}/{total} tasks drained)", flush=True)
+        # CPU seconds per 1,000 permits, over the same wall time as the count.
+        permits = max(rate * wall, 1.0)
+        spent = {name: cpu1[name] - cpu0[name] for name in cpu0}
+        print(f"  {label}: CPU per 1,000 permits: " + ", ".join(
+            f"{name} {1000 * sec / permits:.2f} s ({sec / wall:.0%} of a core)" for name, sec in spent.items()
+        ), flush=True)
         return rate
 
 
