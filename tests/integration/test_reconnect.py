@@ -9,6 +9,7 @@ from urllib.parse import unquote, urlsplit
 
 import pytest
 from aio_pika.abc import AbstractIncomingMessage
+from aiormq.abc import DeliveredMessage
 
 from hutch.amqp import Broker
 from hutch.domains import routing_key
@@ -66,6 +67,52 @@ async def test_a_consumer_of_a_domain_queue_comes_back_after_the_broker_drops_it
                 break
             await asyncio.sleep(0.1)
         assert seen == [task.id]
+    finally:
+        await broker.close()
+        await other.close()
+
+
+async def test_an_event_listener_is_registered_again_after_the_broker_drops_its_connection(
+    settings: Settings,
+) -> None:
+    """`Broker.listen` consumes on aiormq's channel, under aio-pika's robust restore."""
+    broker = await Broker(settings, "test-listen").connect()
+    other = await Broker(settings, "test-admin").connect()
+    heard: list[bytes] = []
+
+    async def on_event(message: DeliveredMessage) -> None:
+        heard.append(message.body)
+
+    try:
+        channel = await broker.channel()
+        name = f"{broker.topology.prefix}listen.test"
+        queue = await channel.declare_queue(name, exclusive=True, auto_delete=True)
+        await queue.bind(broker.topology.events, "outcome.#")
+        await broker.listen(channel, name, on_event)
+        await other.publish(broker.topology.events, "outcome.a.example", b"before")
+        for _ in range(50):
+            if heard:
+                break
+            await asyncio.sleep(0.1)
+        assert heard == [b"before"]
+
+        await drop_connections(settings.amqp_url)
+        for _ in range(150):  # until the exclusive queue is back with a consumer on it
+            await asyncio.sleep(0.2)
+            try:
+                probe = await other.channel()
+                declared = await probe.declare_queue(name, passive=True)
+                await probe.close()
+            except Exception:
+                continue
+            if declared.declaration_result.consumer_count:
+                break
+        await other.publish(broker.topology.events, "outcome.a.example", b"after")
+        for _ in range(50):
+            if len(heard) > 1:
+                break
+            await asyncio.sleep(0.1)
+        assert heard == [b"before", b"after"]
     finally:
         await broker.close()
         await other.close()
