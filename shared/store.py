@@ -255,33 +255,41 @@ class Store:
     # -- what the services report ----------------------------------------------------------
 
     def apply_event(self, event: Event) -> None:
+        self.apply_events([event])
+
+    def apply_events(self, events: list[Event]) -> None:
+        """Record events in one transaction (a governor's releases come in batches)."""
         with self._tx():
-            if event.kind == "released":
-                self._transition_in_tx(event.task_id, "in_flight", None)
-                return
-            self.db.execute(
-                "INSERT INTO attempts (task_id, n, at, outcome, status, proxy_id, tier, cost, elapsed, next, delay) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
-                (
-                    event.task_id,
-                    event.attempt,
-                    event.at,
-                    event.outcome,
-                    event.status,
-                    event.proxy_id,
-                    event.tier,
-                    event.cost,
-                    event.elapsed,
-                    event.next,
-                    event.delay,
-                ),
-            )
-            self.db.execute(
-                "UPDATE tasks SET attempts = MAX(attempts, ?) WHERE id = ?",
-                (event.attempt, event.task_id),
-            )
-            if event.next in ("retry", "frontier"):
-                self._transition_in_tx(event.task_id, "retrying", event.outcome)
+            for event in events:
+                self._apply_in_tx(event)
+
+    def _apply_in_tx(self, event: Event) -> None:
+        if event.kind == "released":
+            self._transition_in_tx(event.task_id, "in_flight", None)
+            return
+        self.db.execute(
+            "INSERT INTO attempts (task_id, n, at, outcome, status, proxy_id, tier, cost, elapsed, next, delay) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+            (
+                event.task_id,
+                event.attempt,
+                event.at,
+                event.outcome,
+                event.status,
+                event.proxy_id,
+                event.tier,
+                event.cost,
+                event.elapsed,
+                event.next,
+                event.delay,
+            ),
+        )
+        self.db.execute(
+            "UPDATE tasks SET attempts = MAX(attempts, ?) WHERE id = ?",
+            (event.attempt, event.task_id),
+        )
+        if event.next in ("retry", "frontier"):
+            self._transition_in_tx(event.task_id, "retrying", event.outcome)
 
     def _transition_in_tx(self, task_id: str, state: str, outcome: str | None) -> None:
         sources = _FROM[state]

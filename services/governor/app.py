@@ -20,8 +20,12 @@
   domain's consumer is cancelled until it is due. Waits for the fleet's capacity are served
   in arrival order, one held task per domain, so a domain with a huge backlog takes its turn
   like any other and never starves the rest.
-- A release publishes the task with its permit to `fetch.ready` and a `released` event, both
-  confirms in flight together (and those of every other domain's release), then acks.
+- A release publishes the task with its permit to `fetch.ready` (confirms of every domain's
+  release in flight together) and acks. Its `released` event goes out with the others of the
+  last `RELEASE_FLUSH` seconds in one `EventBatch` (routing key `released`): one message per
+  batch instead of one per permit. A governor killed between a release and the next flush
+  loses those events; they only inform the storer (in flight) and standby governors, which
+  wait a permit lifetime before a takeover anyway, and the outcome events follow regardless.
 """
 
 from __future__ import annotations
@@ -39,10 +43,20 @@ import zlib
 from dataclasses import dataclass, field
 
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractQueue
+from aiormq.abc import DeliveredMessage
 
 from hutch.amqp import Broker, Consumer, Dead, PublishFailed, Requeue, declare_queue
 from hutch.domains import domain_from_routing_key, routing_key
-from hutch.models import DecodeError, DomainRecord, Event, FetcherHeartbeat, RobotsFetched, Task, decode
+from hutch.models import (
+    DecodeError,
+    DomainRecord,
+    Event,
+    EventBatch,
+    FetcherHeartbeat,
+    RobotsFetched,
+    Task,
+    decode,
+)
 from hutch.service import Service
 from hutch.services.governor.capacity import FleetCapacity
 from hutch.services.governor.core import Core, CoreConfig, Verdict
@@ -55,10 +69,12 @@ log = logging.getLogger(__name__)
 
 READY_POLL = 0.25  # seconds between two looks at fetch.ready's depth
 TICK = 0.1  # seconds between two sweeps of expired leases and capacity waits
-PUBLISH_CONNECTIONS = 16  # connections releases are published on, each one confirm pipeline
+PUBLISH_CONNECTIONS = 2  # connections releases are published on
 DOMAIN_CHANNELS = 8  # channels the domain queues are consumed on (prefetch 1 per consumer)
 CAPACITY_HOLD = 60.0  # longest a task is held waiting for the fetchers' capacity
 SHORT_PAUSE = 1.0  # how long a domain stops consuming after a capacity or concurrency wait
+RELEASE_FLUSH = 0.05  # seconds between two batches of `released` events
+RELEASE_BATCH = 500  # a batch this large goes out at once
 GOVERNOR_HEADER = "x-hutch-governor"
 EVENT_KEYS = ("outcome.#", "released.#", "robots.#", "fetcher.heartbeat", status_routing_key())
 
@@ -106,6 +122,7 @@ class CapacityGate:
 
 class Governor(Service):
     name = "governor"
+    uvloop = True
 
     async def start(self) -> None:
         s = self.settings
@@ -152,11 +169,10 @@ class Governor(Service):
         self.gate = CapacityGate()
         self._background: set[asyncio.Task[None]] = set()
         self._lag = [0.0, 0]  # outcome events: sum of their delays on arrival, and their count
+        self._releases: list[Event] = []  # released events not yet published
         topology = self.broker.topology
-        # Measured (bench/governor_permits.py): one publishing connection caps releases near
-        # 350/s however many confirms are in flight (aiormq writes one publish at a time per
-        # channel); spread over 16 connections they reach about twice that. See
-        # docs/benchmarks.md.
+        # Releases alternate between two connections (measured, bench/governor_permits.py:
+        # with publishes pipelined on a channel, 2 and 16 connections give the same rate).
         self.publishers = [self.broker] + [
             await Broker(self.settings, self.name).connect(declare=False) for _ in range(PUBLISH_CONNECTIONS - 1)
         ]
@@ -169,6 +185,7 @@ class Governor(Service):
             asyncio.create_task(self._poll_ready_depth()),
             asyncio.create_task(self._tick()),
             asyncio.create_task(self._report()),
+            asyncio.create_task(self._flush_releases_every(RELEASE_FLUSH)),
         ]
         await self.broker.consume(
             topology.domains,
@@ -196,6 +213,7 @@ class Governor(Service):
         for loop_task in self._loops:
             loop_task.cancel()
         await asyncio.gather(*self._loops, return_exceptions=True)
+        await self._flush_releases()
         for state in self.domains.values():
             if state.resume is not None:
                 state.resume.cancel()
@@ -221,12 +239,13 @@ class Governor(Service):
         )
         for key in EVENT_KEYS:
             await queue.bind(topology.events, key)
-        await queue.consume(self._on_event, no_ack=True)
+        await self.broker.listen(channel, queue.name, self._on_event)
         return queue
 
-    async def _on_event(self, message: AbstractIncomingMessage) -> None:
+    async def _on_event(self, message: DeliveredMessage) -> None:
         key = message.routing_key or ""
         core = self.core
+        properties = message.header.properties
         try:
             if key.startswith("outcome."):
                 event = decode(message.body, Event)
@@ -235,10 +254,11 @@ class Governor(Service):
                 woken = core.on_outcome(event)
                 self._wake(woken)
                 self._notify_gate()
-            elif key.startswith("released."):
-                if (message.headers or {}).get(GOVERNOR_HEADER) == self.id:
-                    return  # our own release: already counted
-                core.on_released(decode(message.body, Event))
+            elif key == "released":
+                if (properties.headers or {}).get(GOVERNOR_HEADER) == self.id:
+                    return  # our own releases: already counted
+                for event in decode(message.body, EventBatch).events:
+                    core.on_released(event)
             elif key.startswith("robots."):
                 woken = core.on_robots(decode(message.body, RobotsFetched))
                 self._wake(woken, robots=True)
@@ -246,8 +266,8 @@ class Governor(Service):
             elif key == "fetcher.heartbeat":
                 core.on_heartbeat(decode(message.body, FetcherHeartbeat))
                 self._notify_gate()
-            elif key == status_routing_key() and message.reply_to:
-                self._spawn(self._answer_status(message.reply_to, message.correlation_id))
+            elif key == status_routing_key() and properties.reply_to:
+                self._spawn(self._answer_status(properties.reply_to, properties.correlation_id))
         except DecodeError as exc:
             log.debug("ignoring an undecodable event %s: %s", key, exc)
 
@@ -479,13 +499,30 @@ class Governor(Service):
             at=task.permit.issued,
         )
         try:
-            await asyncio.gather(
-                publisher.publish(topology.work, "fetch.ready", task),
-                publisher.publish(topology.events, f"released.{domain}", event, headers={GOVERNOR_HEADER: self.id}),
-            )
+            await publisher.publish(topology.work, "fetch.ready", task)
         except BaseException:
             self.core.rollback(task)
             raise
+        self._releases.append(event)
+        if len(self._releases) >= RELEASE_BATCH:
+            self._spawn(self._flush_releases())
+
+    async def _flush_releases_every(self, seconds: float) -> None:
+        while True:
+            await asyncio.sleep(seconds)
+            await self._flush_releases()
+
+    async def _flush_releases(self) -> None:
+        """Publish the `released` events gathered since the last flush, in one message."""
+        if not self._releases:
+            return
+        batch, self._releases = EventBatch(events=self._releases), []
+        try:
+            await self.broker.publish(
+                self.broker.topology.events, "released", batch, headers={GOVERNOR_HEADER: self.id}
+            )
+        except PublishFailed as exc:
+            log.warning("%d released events not published: %s", len(batch.events), exc)
 
 
 SERVICE = Governor

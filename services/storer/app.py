@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from aio_pika.abc import AbstractIncomingMessage
 
-from hutch.models import DeadLetter, Event, Item
+from hutch.models import AnyEvent, DeadLetter, Item
 from hutch.service import Service
 from hutch.store import AsyncStore
 
@@ -21,7 +21,7 @@ class Storer(Service):
         topology = self.broker.topology
         await self.broker.consume(topology.store, Item, self._on_item, stage="store", prefetch=32)
         await self.broker.consume(
-            topology.events_storer, Event, self._on_event, stage="store", prefetch=64
+            topology.events_storer, AnyEvent, self._on_event, stage="store", prefetch=64
         )
         await self.broker.consume(
             topology.ledger, DeadLetter, self._on_dead, stage="store", prefetch=32
@@ -33,8 +33,9 @@ class Storer(Service):
     async def _on_item(self, item: Item, _: AbstractIncomingMessage) -> None:
         await self.store.run(lambda store: store.store_item(item))
 
-    async def _on_event(self, event: Event, _: AbstractIncomingMessage) -> None:
-        await self.store.run(lambda store: store.apply_event(event))
+    async def _on_event(self, message: AnyEvent, _: AbstractIncomingMessage) -> None:
+        events = message.events()
+        await self.store.run(lambda store: store.apply_events(events))
 
     async def _on_dead(self, letter: DeadLetter, message: AbstractIncomingMessage) -> None:
         key = message.message_id or f"{letter.stage}:{letter.at}"

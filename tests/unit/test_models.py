@@ -9,10 +9,12 @@ import pytest
 
 from hutch.models import (
     SCHEMA_VERSION,
+    AnyEvent,
     Attempt,
     DeadLetter,
     DecodeError,
     Event,
+    EventBatch,
     FieldRule,
     Item,
     Lease,
@@ -215,3 +217,13 @@ def test_task_id_is_32_lower_case_hex_digits() -> None:
 def test_task_id_keeps_its_known_value_so_a_resubmit_after_an_upgrade_matches() -> None:
     # Changing the derivation would make a resubmit store every URL of a job a second time.
     assert task_id("job", "http://example.com/") == "cdee531742ec2285518afe132c2a547e"
+
+
+def test_the_events_queues_decode_one_event_or_a_batch_of_them() -> None:
+    one = Event(kind="outcome", task_id="t1", job="j", domain="a.example", attempt=1, outcome="ok")
+    two = Event(kind="released", task_id="t2", job="j", domain="b.example", attempt=0)
+    batch = EventBatch(events=[two, one])
+    assert decode(encode(one), AnyEvent).events() == [one]
+    assert decode(encode(batch), AnyEvent).events() == [two, one]
+    with pytest.raises(DecodeError):
+        decode(b'{"v": 1, "events": [{"kind": "released"}]}', AnyEvent)

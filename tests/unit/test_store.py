@@ -210,6 +210,13 @@ def test_a_released_event_puts_a_queued_task_in_flight(store: Store, a: Task) ->
     assert store.task_state(a.id) == "in_flight"
 
 
+def test_a_batch_of_released_events_puts_each_of_its_tasks_in_flight(store: Store, a: Task, b: Task) -> None:
+    store.add_tasks([row(a), row(b)])
+    store.mark_queued([a.id, b.id])
+    store.apply_events([released(a), released(b)])
+    assert (store.task_state(a.id), store.task_state(b.id)) == ("in_flight", "in_flight")
+
+
 def test_an_outcome_event_sending_the_task_to_retry_makes_it_retrying(store: Store, a: Task) -> None:
     store.add_tasks([row(a)])
     store.mark_queued([a.id])
