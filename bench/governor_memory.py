@@ -34,6 +34,7 @@ from hutch.models import DomainRecord, Event, Task
 from hutch.services.governor.core import Core, CoreConfig
 from hutch.services.governor.limits import DomainLimit, Limits
 from hutch.settings import Settings
+from hutch.topology import Topology
 
 
 def node_memory_bytes() -> int:
@@ -160,7 +161,7 @@ async def one(count: int, work: Path) -> None:
         filled = time.monotonic() - started
         await asyncio.sleep(3)
         after_node, after_total, (after_fds, limit) = node_memory_bytes(), breakdown_total_bytes(), broker_fd_room()
-        queues, queue_bytes = queue_memory(vhost, "bench.v1.frontier.d.")
+        queues, queue_bytes = queue_memory(vhost, Topology("bench").frontier + ".d.")
         print(f"{count} domains with backlog (filled in {filled:.0f}s):", flush=True)
         print(
             f"  broker: node memory +{(after_node - before_node) / 2**20:.1f} MiB "

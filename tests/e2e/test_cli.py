@@ -36,6 +36,7 @@ from hutch.domains import domain_of
 from hutch.sandbox import Sandbox, expected_page, load_config
 from hutch.settings import Settings
 from hutch.store import Store
+from hutch.topology import Topology
 
 from .conftest import Services
 
@@ -484,7 +485,7 @@ async def test_a_url_file_with_an_invalid_line_is_refused_with_its_line_number_a
     # No governor runs: every published task waits in the unrouted queue, once.
     waiting = await queued_messages(settings, domains)
     assert sum(waiting.values()) == len(good)
-    assert waiting[f"{settings.namespace}.v1.frontier.unrouted"] == len(good)
+    assert waiting[Topology(settings.namespace).unrouted] == len(good)
 
 
 @pytest.mark.parametrize(

@@ -30,9 +30,9 @@ def tier_queues(topology: Topology) -> list[QueueSpec]:
 def test_every_exchange_and_queue_name_carries_the_namespace_and_the_version(classic: Topology) -> None:
     names = [e.name for e in classic.exchanges] + [q.name for q in classic.queues]
     names.append(classic.domain_queue("example.com").name)
-    assert VERSION == "v1"
+    assert VERSION == "v2"
     for name in names:
-        assert name.startswith("acme.v1."), name
+        assert name.startswith("acme.v2."), name
 
 
 def test_two_namespaces_share_no_name() -> None:
@@ -43,18 +43,18 @@ def test_two_namespaces_share_no_name() -> None:
 
 
 def test_the_fixed_names_are_the_documented_ones(classic: Topology) -> None:
-    assert classic.frontier == "acme.v1.frontier"
-    assert classic.unrouted == "acme.v1.frontier.unrouted"
-    assert classic.fetch_ready == "acme.v1.fetch.ready"
-    assert classic.parse == "acme.v1.parse"
-    assert classic.store == "acme.v1.store"
-    assert classic.dlq == "acme.v1.dlq"
-    assert classic.ledger == "acme.v1.dead.ledger"
-    assert classic.rpc_proxy == "acme.v1.rpc.proxy"
+    assert classic.frontier == "acme.v2.frontier"
+    assert classic.unrouted == "acme.v2.frontier.unrouted"
+    assert classic.fetch_ready == "acme.v2.fetch.ready"
+    assert classic.parse == "acme.v2.parse"
+    assert classic.store == "acme.v2.store"
+    assert classic.dlq == "acme.v2.dlq"
+    assert classic.ledger == "acme.v2.dead.ledger"
+    assert classic.rpc_proxy == "acme.v2.rpc.proxy"
 
 
 def test_a_domain_queue_is_named_after_its_domain_under_the_frontier(classic: Topology) -> None:
-    assert classic.domain_queue("127.0.0.1:8001").name == "acme.v1.frontier.d.127.0.0.1:8001"
+    assert classic.domain_queue("127.0.0.1:8001").name == "acme.v2.frontier.d.127.0.0.1:8001"
 
 
 def test_queue_names_are_unique(quorum: Topology) -> None:
@@ -66,7 +66,7 @@ def test_all_queue_names_adds_one_queue_per_domain(classic: Topology) -> None:
     static = classic.all_queue_names()
     with_domains = classic.all_queue_names(["a.example", "b.example"])
     assert with_domains[: len(static)] == static
-    assert with_domains[len(static) :] == ["acme.v1.frontier.d.a.example", "acme.v1.frontier.d.b.example"]
+    assert with_domains[len(static) :] == ["acme.v2.frontier.d.a.example", "acme.v2.frontier.d.b.example"]
 
 
 def test_queue_looks_a_queue_up_by_name(classic: Topology) -> None:
@@ -103,8 +103,8 @@ def test_tier_label_uses_the_largest_unit_that_divides_the_delay(delay: float, l
 
 
 def test_tier_exchange_names_carry_the_label(classic: Topology) -> None:
-    assert classic.tier_exchange(30) == "acme.v1.retry.30s"
-    assert classic.tier_exchange(3600) == "acme.v1.retry.1h"
+    assert classic.tier_exchange(30) == "acme.v2.retry.30s"
+    assert classic.tier_exchange(3600) == "acme.v2.retry.1h"
 
 
 def test_retry_delays_are_sorted_and_deduplicated() -> None:
@@ -306,3 +306,13 @@ def test_every_dead_letter_exchange_is_an_exchange_of_the_topology(quorum: Topol
     for q in quorum.queues:
         if "x-dead-letter-exchange" in q.arguments:
             assert q.arguments["x-dead-letter-exchange"] in exchanges
+
+
+def test_classic_queues_use_version_2_of_the_classic_queue_and_quorum_queues_do_not(
+    classic: Topology, quorum: Topology
+) -> None:
+    plain = [q for q in classic.queues if q.arguments.get("x-queue-type") == "classic"]
+    assert plain and all(q.arguments["x-queue-version"] == 2 for q in plain)
+    assert classic.domain_queue("a.example").arguments["x-queue-version"] == 2
+    assert all("x-queue-version" not in q.arguments for q in quorum.queues)
+    assert "x-queue-version" not in quorum.domain_queue("a.example").arguments
