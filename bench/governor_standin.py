@@ -3,7 +3,7 @@
 It consumes `fetch.ready` as a fetcher does (prefetch = its concurrency), publishes an `ok`
 outcome event naming the permit (confirmed) and only then acks; it sends a heartbeat every
 second, and writes its running count to the file named by `BENCH_COUNTS`, one line a second.
-It is kept lean (raw aio-pika, JSON read with `json.loads`) so that the benchmark measures
+It is kept lean (aiormq's channel under aio-pika, JSON read with `json.loads`) so that the benchmark measures
 the governor and not it. Run by `bench/governor_permits.py`; it never fetches anything.
 """
 
@@ -16,7 +16,7 @@ import os
 import signal
 import time
 
-from aio_pika.abc import AbstractIncomingMessage
+from aiormq.abc import DeliveredMessage
 
 from hutch.amqp import Broker
 from hutch.models import Event, FetcherHeartbeat, encode
@@ -29,39 +29,43 @@ async def main() -> None:
     settings = Settings()
     broker = await Broker(settings, "standin").connect(declare=False)
     topology = broker.topology
-    # One publish at a time per channel in aiormq: outcomes go out on a few connections.
-    publishers = [broker] + [await Broker(settings, "standin").connect(declare=False) for _ in range(15)]
+    # Outcomes alternate between two connections, as the governor's releases do.
+    publishers = [broker, await Broker(settings, "standin").connect(declare=False)]
     turn = itertools.cycle(publishers)
     state = {"count": 0, "busy": 0, "age": 0.0}
 
-    async def on_task(message: AbstractIncomingMessage) -> None:
+    channel = await broker.channel(prefetch=CONCURRENCY)
+    await channel.declare_queue(topology.fetch_ready, passive=True)
+    raw = await channel.get_underlay_channel()  # aiormq's channel: no per-message wrapper objects
+
+    async def on_task(message: DeliveredMessage) -> None:
         state["busy"] += 1
+        tag = message.delivery.delivery_tag
         try:
             task = json.loads(message.body)
-            state["age"] += time.time() - (task.get("permit") or {}).get("issued", time.time())
+            permit = task.get("permit") or {}
+            state["age"] += time.time() - permit.get("issued", time.time())
             event = Event(
                 kind="outcome",
                 task_id=task["id"],
                 job=task["job"],
                 domain=task["domain"],
                 attempt=task.get("attempts", 0) + 1,
-                permit_id=(task.get("permit") or {}).get("id"),
+                permit_id=permit.get("id"),
                 fetcher="standin",
                 outcome="ok",
                 status=200,
                 next="parse",
             )
             await next(turn).publish(topology.events, f"outcome.{task['domain']}", encode(event))
-            await message.ack()
+            await raw.basic_ack(tag)
             state["count"] += 1
         except Exception:
-            await message.nack(requeue=True)
+            await raw.basic_reject(tag, requeue=True)
         finally:
             state["busy"] -= 1
 
-    channel = await broker.channel(prefetch=CONCURRENCY)
-    queue = await channel.declare_queue(topology.fetch_ready, passive=True)
-    await queue.consume(on_task)
+    await raw.basic_consume(topology.fetch_ready, on_task)
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     print("standin ready (broker ", flush=True)
@@ -81,4 +85,4 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    asyncio.run(main())  # asyncio's loop, as the fetchers run
