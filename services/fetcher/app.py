@@ -20,9 +20,8 @@ import socket
 import time
 
 import httpx
-from aio_pika.abc import AbstractIncomingMessage
 
-from hutch.amqp import RpcClient
+from hutch.amqp import Delivery, RpcClient
 from hutch.domains import InvalidURL, domain_of, routing_key
 from hutch.models import Attempt, Event, FetcherHeartbeat, Lease, LeaseRequest, Page, RobotsFetched, Task
 from hutch.service import Service
@@ -115,7 +114,7 @@ class Fetcher(Service):
                     raise LeaseUnavailable("proxy-manager did not answer") from None
                 log.warning("proxy-manager did not answer a lease request; asking again")
 
-    async def _on_task(self, task: Task, message: AbstractIncomingMessage) -> None:
+    async def _on_task(self, task: Task, message: Delivery) -> None:
         if task.permit is None or task.permit.expires <= time.time():
             await self._back_to_frontier(task, "permit_expired")
             return

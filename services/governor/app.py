@@ -42,10 +42,10 @@ import uuid
 import zlib
 from dataclasses import dataclass, field
 
-from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractQueue
+from aio_pika.abc import AbstractChannel, AbstractQueue
 from aiormq.abc import DeliveredMessage
 
-from hutch.amqp import Broker, Consumer, Dead, PublishFailed, Requeue, declare_queue
+from hutch.amqp import Broker, Consumer, Dead, Delivery, PublishFailed, Requeue, declare_queue
 from hutch.domains import domain_from_routing_key, routing_key
 from hutch.models import (
     DecodeError,
@@ -315,7 +315,7 @@ class Governor(Service):
 
     # -- domains -------------------------------------------------------------------
 
-    async def _on_unrouted(self, task: Task, message: AbstractIncomingMessage) -> None:
+    async def _on_unrouted(self, task: Task, message: Delivery) -> None:
         domain = domain_from_routing_key(message.routing_key or "")
         topology = self.broker.topology
         known = domain in self.domains
@@ -334,7 +334,7 @@ class Governor(Service):
         # any x-death history from a delay tier is dropped; the attempt count is in the task.
         await self.broker.publish(topology.frontier, routing_key(domain), task)
 
-    async def _on_domain_record(self, record: DomainRecord, _: AbstractIncomingMessage) -> None:
+    async def _on_domain_record(self, record: DomainRecord, _: Delivery) -> None:
         await self._watch(record.domain)
 
     async def _watch(self, domain: str) -> None:
@@ -347,7 +347,7 @@ class Governor(Service):
         await self._consume_domain(domain, state)
 
     async def _consume_domain(self, domain: str, state: DomainState) -> None:
-        async def on_task(task: Task, message: AbstractIncomingMessage) -> None:
+        async def on_task(task: Task, message: Delivery) -> None:
             await self._on_task(domain, task, message)
 
         # Declaring, binding and consuming are three round trips, one at a time on a channel:
@@ -438,7 +438,7 @@ class Governor(Service):
             )
             last = released
 
-    async def _on_task(self, domain: str, task: Task, message: AbstractIncomingMessage) -> None:
+    async def _on_task(self, domain: str, task: Task, message: Delivery) -> None:
         core = self.core
         state = self.domains[domain]
         core.activate(domain)

@@ -11,9 +11,7 @@ import asyncio
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from aio_pika.abc import AbstractIncomingMessage
-
-from hutch.amqp import Dead
+from hutch.amqp import Dead, Delivery
 from hutch.models import Item, Page
 from hutch.service import Service
 from hutch.services.parser.extract import extract
@@ -32,7 +30,7 @@ class Parser(Service):
     async def stop(self) -> None:
         self.pool.shutdown(wait=True)
 
-    async def _on_page(self, page: Page, _: AbstractIncomingMessage) -> None:
+    async def _on_page(self, page: Page, _: Delivery) -> None:
         loop = asyncio.get_running_loop()
         try:
             fields = await loop.run_in_executor(

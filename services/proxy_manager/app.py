@@ -18,9 +18,7 @@ import signal
 import time
 from pathlib import Path
 
-from aio_pika.abc import AbstractIncomingMessage
-
-from hutch.amqp import serve_rpc
+from hutch.amqp import Delivery, serve_rpc
 from hutch.models import Event, Lease, LeaseRequest
 from hutch.service import Service
 from hutch.services.proxy_manager import state
@@ -124,7 +122,7 @@ class ProxyManager(Service):
             return Lease(direct=True)
         return self.selector.lease(request)
 
-    async def _on_event(self, event: Event, _: AbstractIncomingMessage) -> None:
+    async def _on_event(self, event: Event, _: Delivery) -> None:
         if self.pool_file is None:
             return
         for line in describe(self.selector.report(event)):

@@ -6,8 +6,7 @@ keyed so that a redelivered message changes nothing (see `hutch.store`).
 
 from __future__ import annotations
 
-from aio_pika.abc import AbstractIncomingMessage
-
+from hutch.amqp import Delivery
 from hutch.models import AnyEvent, DeadLetter, Item
 from hutch.service import Service
 from hutch.store import AsyncStore
@@ -30,14 +29,14 @@ class Storer(Service):
     async def stop(self) -> None:
         await self.store.close()
 
-    async def _on_item(self, item: Item, _: AbstractIncomingMessage) -> None:
+    async def _on_item(self, item: Item, _: Delivery) -> None:
         await self.store.run(lambda store: store.store_item(item))
 
-    async def _on_event(self, message: AnyEvent, _: AbstractIncomingMessage) -> None:
+    async def _on_event(self, message: AnyEvent, _: Delivery) -> None:
         events = message.events()
         await self.store.run(lambda store: store.apply_events(events))
 
-    async def _on_dead(self, letter: DeadLetter, message: AbstractIncomingMessage) -> None:
+    async def _on_dead(self, letter: DeadLetter, message: Delivery) -> None:
         key = message.message_id or f"{letter.stage}:{letter.at}"
         await self.store.run(lambda store: store.record_dead(letter, key))
 

@@ -8,7 +8,7 @@ import time
 import pytest
 from aio_pika.abc import AbstractIncomingMessage
 
-from hutch.amqp import Broker, Dead, PublishFailed, RpcClient, declare_queue, serve_rpc
+from hutch.amqp import Broker, Dead, Delivery, PublishFailed, RpcClient, declare_queue, serve_rpc
 from hutch.domains import routing_key
 from hutch.models import DeadLetter, DomainRecord, Lease, LeaseRequest, Task, decode, task_id
 from hutch.settings import Settings
@@ -78,7 +78,7 @@ async def test_retry_tier_dead_letters_back_into_the_tasks_own_domain_queue(brok
 async def test_handler_that_returns_gets_its_message_acked(broker: Broker) -> None:
     seen: list[str] = []
 
-    async def handler(task: Task, _: AbstractIncomingMessage) -> None:
+    async def handler(task: Task, _: Delivery) -> None:
         seen.append(task.id)
 
     await broker.consume(broker.topology.parse, Task, handler, stage="test")
@@ -98,7 +98,7 @@ async def test_undecodable_message_goes_dead_with_reason_decode_and_is_not_redel
 ) -> None:
     calls = 0
 
-    async def handler(task: Task, _: AbstractIncomingMessage) -> None:
+    async def handler(task: Task, _: Delivery) -> None:
         nonlocal calls
         calls += 1
 
@@ -114,7 +114,7 @@ async def test_undecodable_message_goes_dead_with_reason_decode_and_is_not_redel
 
 
 async def test_handler_raising_dead_sends_the_task_to_both_dlq_and_ledger(broker: Broker) -> None:
-    async def handler(task: Task, _: AbstractIncomingMessage) -> None:
+    async def handler(task: Task, _: Delivery) -> None:
         raise Dead("not_found", "HTTP 404")
 
     await broker.consume(broker.topology.parse, Task, handler, stage="fetch")
@@ -129,7 +129,7 @@ async def test_handler_raising_dead_sends_the_task_to_both_dlq_and_ledger(broker
 async def test_handler_crashing_twice_is_dead_lettered_instead_of_looping(broker: Broker) -> None:
     calls = 0
 
-    async def handler(task: Task, _: AbstractIncomingMessage) -> None:
+    async def handler(task: Task, _: Delivery) -> None:
         nonlocal calls
         calls += 1
         raise RuntimeError("boom")

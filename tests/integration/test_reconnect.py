@@ -8,10 +8,9 @@ import shutil
 from urllib.parse import unquote, urlsplit
 
 import pytest
-from aio_pika.abc import AbstractIncomingMessage
 from aiormq.abc import DeliveredMessage
 
-from hutch.amqp import Broker
+from hutch.amqp import Broker, Delivery
 from hutch.domains import routing_key
 from hutch.models import Task, task_id
 from hutch.settings import Settings
@@ -38,7 +37,7 @@ async def test_a_consumer_of_a_domain_queue_comes_back_after_the_broker_drops_it
     other = await Broker(settings, "test-admin").connect()
     seen: list[str] = []
 
-    async def handler(task: Task, _: AbstractIncomingMessage) -> None:
+    async def handler(task: Task, _: Delivery) -> None:
         seen.append(task.id)
 
     try:
