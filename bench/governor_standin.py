@@ -58,10 +58,10 @@ async def main() -> None:
                 next="parse",
             )
             await next(turn).publish(topology.events, f"outcome.{task['domain']}", encode(event))
-            await raw.basic_ack(tag)
+            await raw.basic_ack(tag, wait=False)  # as hutch.amqp.Delivery acks
             state["count"] += 1
         except Exception:
-            await raw.basic_reject(tag, requeue=True)
+            await raw.basic_reject(tag, requeue=True, wait=False)
         finally:
             state["busy"] -= 1
 

@@ -195,11 +195,13 @@ class Delivery:
     def correlation_id(self) -> str | None:
         return self.properties.correlation_id
 
+    # Settling asks for no drain (`wait=False`): an ack has no answer to wait for, and a drain
+    # per ack would flush the socket once per message instead of once per loop iteration.
     async def ack(self) -> None:
-        await self._channel.basic_ack(self._tag)
+        await cast(aiormq.Channel, self._channel).basic_ack(self._tag, wait=False)
 
     async def nack(self, requeue: bool = True) -> None:
-        await self._channel.basic_nack(self._tag, requeue=requeue)
+        await cast(aiormq.Channel, self._channel).basic_nack(self._tag, requeue=requeue, wait=False)
 
 
 class Consumer:
