@@ -12,8 +12,13 @@ Three rules live here so no service has to remember them:
   poison message never crash-loops a service. The handler publishes what it produced before
   it returns, so a message is acked only after its successors are confirmed (at-least-once).
 - Connections are robust: after a broker restart aio-pika reopens channels and redeclares
-  every exchange, queue, binding and consumer declared through them, including the domain
-  queues the governor declares at run time.
+  every exchange, queue and binding declared through them, including the domain queues the
+  governor declares at run time, and each consumer subscribes again on the reopened channel.
+
+The hot path sits on aiormq, the library under aio-pika, where aio-pika's conveniences cost
+more than the work: publishes build their properties and pipeline on the channel, consumers
+subscribe on the channel and get a small `Delivery`, and every connection writes the frames of
+one loop iteration with one `send`. Measured in docs/benchmarks.md (permits per second).
 """
 
 from __future__ import annotations
