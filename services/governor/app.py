@@ -510,7 +510,10 @@ class Governor(Service):
     async def _flush_releases_every(self, seconds: float) -> None:
         while True:
             await asyncio.sleep(seconds)
-            await self._flush_releases()
+            try:
+                await self._flush_releases()
+            except Exception:  # never let the flusher die: releases would pile up unsent
+                log.exception("publishing released events failed")
 
     async def _flush_releases(self) -> None:
         """Publish the `released` events gathered since the last flush, in one message."""
