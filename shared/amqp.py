@@ -28,7 +28,7 @@ import contextlib
 import datetime
 import logging
 import uuid
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar, cast
 
 import aio_pika
@@ -221,7 +221,9 @@ class Consumer:
         channel: AbstractChannel,
         queue: str,
         on_message: Callable[[Delivery], Awaitable[None]],
-        arguments: dict[str, Any] | None,
+        arguments: dict[str, Any] | None = None,
+        *,
+        no_ack: bool = False,
     ) -> None:
         self.channel = channel
         self.queue = queue
@@ -229,7 +231,15 @@ class Consumer:
         self.cancelled = False
         self._on_message = on_message
         self._arguments = arguments
+        self._no_ack = no_ack
         self._underlay: aiormq.abc.AbstractChannel | None = None
+
+    async def start(self) -> Consumer:
+        """Subscribe now, and again each time aio-pika reopens the channel."""
+        await self.subscribe()
+        if isinstance(self.channel, AbstractRobustChannel):
+            self.channel.reopen_callbacks.add(self.subscribe)
+        return self
 
     async def subscribe(self, *_: Any) -> None:
         if self.cancelled:
@@ -239,7 +249,9 @@ class Consumer:
         async def deliver(message: DeliveredMessage) -> None:
             await self._on_message(Delivery(message, underlay))
 
-        ok = await underlay.basic_consume(self.queue, deliver, arguments=self._arguments)
+        ok = await underlay.basic_consume(
+            self.queue, deliver, arguments=self._arguments, no_ack=self._no_ack
+        )
         self.tag, self._underlay = ok.consumer_tag or "", underlay
 
     async def cancel(self) -> None:
@@ -485,34 +497,20 @@ class Broker:
                 if self._in_flight == 0:
                     self._idle.set()
 
-        consumer = Consumer(channel, declared.name, on_message, arguments)
-        await consumer.subscribe()
-        if isinstance(channel, AbstractRobustChannel):
-            channel.reopen_callbacks.add(consumer.subscribe)
+        consumer = await Consumer(channel, declared.name, on_message, arguments).start()
         self._consumers.append(consumer)
         return consumer
 
     async def listen(
-        self,
-        channel: AbstractChannel,
-        queue: str,
-        handler: Callable[[DeliveredMessage], Coroutine[Any, Any, None]],
-    ) -> None:
-        """Consume `queue` without acks on aiormq's channel under `channel`, for event streams.
+        self, channel: AbstractChannel, queue: str, handler: Callable[[Delivery], Awaitable[None]]
+    ) -> Consumer:
+        """Consume `queue` without acks, for event streams.
 
         For a consumer whose state is all in memory and rebuilt from events (the governor's
-        own events queue): no model, no span, no settling, and none of aio-pika's two wrapper
-        objects and extra task per message. `queue` must have been declared on `channel`, so
-        that a reconnect restores it; the consumer is then registered again on the new channel.
+        own events queue): no model, no span, no settling. `queue` must have been declared on
+        `channel`, so that a reconnect restores it before the consumer subscribes again.
         """
-
-        async def consume(*_: Any) -> None:
-            raw = await channel.get_underlay_channel()
-            await raw.basic_consume(queue, handler, no_ack=True)
-
-        await consume()
-        if isinstance(channel, AbstractRobustChannel):
-            channel.reopen_callbacks.add(consume)
+        return await Consumer(channel, queue, handler, no_ack=True).start()
 
     async def _handle(
         self,

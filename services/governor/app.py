@@ -43,7 +43,6 @@ import zlib
 from dataclasses import dataclass, field
 
 from aio_pika.abc import AbstractChannel, AbstractQueue
-from aiormq.abc import DeliveredMessage
 
 from hutch.amqp import Broker, Consumer, Dead, Delivery, PublishFailed, Requeue, declare_queue
 from hutch.domains import domain_from_routing_key, routing_key
@@ -242,10 +241,9 @@ class Governor(Service):
         await self.broker.listen(channel, queue.name, self._on_event)
         return queue
 
-    async def _on_event(self, message: DeliveredMessage) -> None:
+    async def _on_event(self, message: Delivery) -> None:
         key = message.routing_key or ""
         core = self.core
-        properties = message.header.properties
         try:
             if key.startswith("outcome."):
                 event = decode(message.body, Event)
@@ -255,7 +253,7 @@ class Governor(Service):
                 self._wake(woken)
                 self._notify_gate()
             elif key == "released":
-                if (properties.headers or {}).get(GOVERNOR_HEADER) == self.id:
+                if message.headers.get(GOVERNOR_HEADER) == self.id:
                     return  # our own releases: already counted
                 for event in decode(message.body, EventBatch).events:
                     core.on_released(event)
@@ -266,8 +264,8 @@ class Governor(Service):
             elif key == "fetcher.heartbeat":
                 core.on_heartbeat(decode(message.body, FetcherHeartbeat))
                 self._notify_gate()
-            elif key == status_routing_key() and properties.reply_to:
-                self._spawn(self._answer_status(properties.reply_to, properties.correlation_id))
+            elif key == status_routing_key() and message.reply_to:
+                self._spawn(self._answer_status(message.reply_to, message.correlation_id))
         except DecodeError as exc:
             log.debug("ignoring an undecodable event %s: %s", key, exc)
 

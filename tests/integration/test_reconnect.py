@@ -8,7 +8,6 @@ import shutil
 from urllib.parse import unquote, urlsplit
 
 import pytest
-from aiormq.abc import DeliveredMessage
 
 from hutch.amqp import Broker, Delivery
 from hutch.domains import routing_key
@@ -79,7 +78,7 @@ async def test_an_event_listener_is_registered_again_after_the_broker_drops_its_
     other = await Broker(settings, "test-admin").connect()
     heard: list[bytes] = []
 
-    async def on_event(message: DeliveredMessage) -> None:
+    async def on_event(message: Delivery) -> None:
         heard.append(message.body)
 
     try:
