@@ -369,9 +369,22 @@ class Broker:
         payload = body if isinstance(body, bytes) else encode(body)
         kind = "raw" if isinstance(body, bytes) else type(body).__name__
         all_headers: dict[str, Any] = dict(headers or {})
+        # Built here, not as aio-pika's Message: that object cost more than the rest of a
+        # publish together (measured: bench/governor_permits.py). Same frames on the wire.
+        properties = Basic.Properties(
+            content_type="application/json",
+            message_type=f"hutch.{kind}",
+            message_id=uuid.uuid4().hex,
+            timestamp=datetime.datetime.now(datetime.UTC),
+            headers=all_headers,
+            delivery_mode=2 if persistent else 1,
+            reply_to=reply_to,
+            correlation_id=correlation_id,
+            expiration=None if expiration is None else str(max(int(expiration * 1000), 0)),
+            app_id=self._app_id,
+        )
         if not telemetry.enabled():
-            await self._send(exchange, routing_key, payload, kind, all_headers, mandatory,
-                             reply_to, correlation_id, expiration, persistent)
+            await self._send(exchange, routing_key, payload, properties, mandatory)
             return
         with telemetry.tracer().start_as_current_span(
             f"{exchange or '(default)'} publish",
@@ -387,40 +400,16 @@ class Broker:
             about = task_id_of(body)
             if about is not None:
                 span.set_attribute("hutch.task.id", about)
-            telemetry.inject(all_headers)
-            await self._send(exchange, routing_key, payload, kind, all_headers, mandatory,
-                             reply_to, correlation_id, expiration, persistent)
+            telemetry.inject(all_headers)  # the properties hold this dict: sent with the trace
+            await self._send(exchange, routing_key, payload, properties, mandatory)
 
     async def _send(
-        self,
-        exchange: str,
-        routing_key: str,
-        payload: bytes,
-        kind: str,
-        headers: dict[str, Any],
-        mandatory: bool,
-        reply_to: str | None,
-        correlation_id: str | None,
-        expiration: float | None,
-        persistent: bool,
+        self, exchange: str, routing_key: str, payload: bytes, properties: Basic.Properties, mandatory: bool
     ) -> None:
-        # Straight to the channel underneath aio-pika: its Message object costs more than the
-        # rest of a publish together (measured: bench/governor_permits.py). Same frames.
-        # `wait=False`: aiormq releases the channel after queueing the frames instead of
-        # after the socket write, so publishes from many tasks pipeline on one channel; the
-        # confirm is still awaited, so nothing is acked upstream before the broker has it.
-        properties = Basic.Properties(
-            content_type="application/json",
-            message_type=f"hutch.{kind}",
-            message_id=uuid.uuid4().hex,
-            timestamp=datetime.datetime.now(datetime.UTC),
-            headers=headers,
-            delivery_mode=2 if persistent else 1,
-            reply_to=reply_to,
-            correlation_id=correlation_id,
-            expiration=None if expiration is None else str(max(int(expiration * 1000), 0)),
-            app_id=self._app_id,
-        )
+        # On the channel underneath aio-pika, with `wait=False`: aiormq releases the channel
+        # after queueing the frames instead of after the socket write, so publishes from many
+        # tasks pipeline on one channel; the confirm is still awaited, so nothing is acked
+        # upstream before the broker has it.
         try:
             assert self._publish_channel is not None, "connect() first"
             channel = cast(aiormq.Channel, await self._publish_channel.get_underlay_channel())
