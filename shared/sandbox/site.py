@@ -20,6 +20,7 @@ test can ask for exactly the trouble it wants:
     /charset/<name>?declare=header|meta|none
                            a page encoded in <name>, declared in Content-Type (default), only
                            in a <meta charset> tag, or nowhere
+    /hostile/<name>        one hostile answer of the open web (see hutch.sandbox.hostile)
 """
 
 from __future__ import annotations
@@ -322,6 +323,10 @@ class SiteServer(Listener):
                 return self._flaky_reply(unquote(rest), query)
             if head == "charset" and rest:
                 return self._charset(unquote(rest), query.get("declare", "header"))
+            if head == "hostile" and rest:
+                from hutch.sandbox import hostile  # the hostile routes use this module's types
+
+                return hostile.answer(rest, query)
         except ValueError as exc:
             return _text(400, f"bad parameter: {exc}")
         return None
