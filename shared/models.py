@@ -105,6 +105,10 @@ class Task(Model):
     history: list[Attempt] = Field(default_factory=list)
     failed_proxies: list[str] = Field(default_factory=list)
     permit: Permit | None = None
+    # Raised each time the reconciler republishes a lost task: a copy with a lower number
+    # is stale and is dropped where it surfaces (governor, storer), so a rescue never
+    # leaves two live copies.
+    incarnation: int = 0
 
 
 class Page(Model):
@@ -172,6 +176,24 @@ class Event(Model):
     elapsed: float | None = None
     next: Literal["parse", "retry", "dead", "frontier"] | None = None
     delay: float | None = None
+    incarnation: int = 0  # of the task copy this event is about
+    # `outcome`: the task as the fetcher routed it next (without its permit), so the store
+    # keeps each task's latest message and the reconciler can rebuild a lost one.
+    task: Task | None = None
+
+
+class Rescued(Model):
+    """The reconciler republished a lost task as `incarnation` (routing key `rescued.<domain>`).
+
+    Governors remember the newest incarnation of recently rescued tasks and drop an older
+    copy when it surfaces from a domain queue.
+    """
+
+    v: Literal[1] = 1
+    task_id: str
+    domain: str
+    incarnation: int
+    at: float = Field(default_factory=time.time)
 
 
 class EventBatch(Model):

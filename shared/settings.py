@@ -44,6 +44,20 @@ class Settings(BaseSettings):
     store_url: str | None = Field(
         None, description="store location; default sqlite:///<data_dir>/hutch.sqlite3"
     )
+    store_retry_seconds: float = Field(
+        30.0, gt=0, description="how long the storer retries a failing store write before requeueing it"
+    )
+    store_batch: int = Field(256, ge=1, description="most messages the storer commits in one transaction")
+    store_batch_wait: float = Field(
+        0.005, ge=0, description="seconds the storer waits for more messages to commit together"
+    )
+    reconcile_interval: float = Field(
+        30.0, gt=0, description="seconds between two sweeps of the reconciler for lost tasks"
+    )
+    reconcile_margin: float = Field(
+        120.0, ge=0, description="seconds past its deadline before a silent task counts as lost"
+    )
+    max_rescues: int = Field(3, ge=0, description="rescues of a lost task before it goes dead (stalled)")
 
     # Governor
     rate: float = Field(2.0, description="default fetches per second per domain")

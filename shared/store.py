@@ -10,24 +10,33 @@ A task moves through `new` (recorded, not yet confirmed on the broker) -> `queue
 services can arrive out of order, so a transition applies only from the states listed in
 `_FROM`: a late `released` event never drags a stored task back to in flight.
 
-The default store is one SQLite file (WAL, so the CLI can read while the storer writes).
+Each task row also keeps the task's latest message (as submitted, then as the fetcher last
+routed it), its incarnation and `due_at`, so the reconciler (`hutch.services.storer.reconcile`)
+can tell a task nothing will move again and rebuild it. A copy of a task with a lower
+incarnation than the row's is stale: its events do not move the task any more.
+
+The default store is one SQLite file (WAL, so the CLI can read while the storer writes),
+durable at commit (`synchronous=FULL`: an acked item is on disk; the storer commits many
+messages per transaction so this costs no throughput), created 0600 in a 0700 folder.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
 import sqlite3
 import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
-from hutch.models import DeadLetter, Event, Item
+from hutch.models import DeadLetter, Event, Item, Task
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 STATES = ("new", "queued", "in_flight", "retrying", "stored", "dead")
 TERMINAL = ("stored", "dead")
 
@@ -104,11 +113,55 @@ _SCHEMA = [
     ALTER TABLE attempts ADD COLUMN cost REAL;
     ALTER TABLE dead ADD COLUMN purged_at REAL;
     """,
+    # version 3: what the reconciler needs. `message`: the task's latest message (JSON);
+    # `incarnation`: raised by each rescue; `due_at`: for a task in flight, when its permit
+    # was issued, for a retrying one, when its delay tier returns it; NULL while the task
+    # waits on a queue some service drains (a domain's backlog, parse).
+    """
+    ALTER TABLE tasks ADD COLUMN message TEXT;
+    ALTER TABLE tasks ADD COLUMN incarnation INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE tasks ADD COLUMN rescues INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE tasks ADD COLUMN due_at REAL;
+    CREATE INDEX tasks_watched ON tasks (due_at) WHERE due_at IS NOT NULL;
+    """,
 ]
 
 
 class StoreError(Exception):
     """The store cannot be opened or is of a schema this version does not know."""
+
+
+class StoreUnavailable(Exception):
+    """The store could not take a write for a while (disk full, locked, read-only, I/O)."""
+
+
+def is_outage(exc: BaseException) -> bool:
+    """True for errors of the store itself, which no message causes and a retry may heal.
+
+    SQLite reports a full disk, a lock held too long, a read-only file and I/O errors as
+    `OperationalError`, a damaged file as a plain `DatabaseError`. `IntegrityError`,
+    `DataError` and the like come from what one message asked for, so they are not outages.
+    """
+    if isinstance(exc, (sqlite3.OperationalError, sqlite3.InternalError, OSError, StoreUnavailable)):
+        return True
+    return type(exc) is sqlite3.DatabaseError
+
+
+@dataclass(frozen=True)
+class Silent:
+    """A task in flight or retrying that has reported nothing since `due_at`."""
+
+    id: str
+    job: str
+    url: str
+    domain: str
+    state: str
+    attempts: int
+    incarnation: int
+    rescues: int
+    due_at: float
+    message: str | None
+    spec: str | None  # the job's spec (JSON), to rebuild a task recorded without its message
 
 
 @dataclass(frozen=True)
@@ -119,10 +172,42 @@ class JobCounts:
     dead: int
     in_flight: int
     pending: int  # everything not stored and not dead (in flight included)
+    stalled: int = 0  # dead because the reconciler rescued them too often (reason `stalled`)
+    rescued: int = 0  # rescued by the reconciler at least once, whatever became of them
 
     @property
     def done(self) -> bool:
         return self.pending == 0
+
+
+def _private_file(path: Path) -> None:
+    """Create the store file 0600 (and any missing folder 0700) before SQLite opens it.
+
+    SQLite gives the `-wal` and `-shm` files it creates the mode of the database file, so
+    they are private too. Folders that already exist are left as they are (the store may
+    live in a shared one); a file that exists is made private if it is not.
+    """
+    missing = []
+    folder = path.parent
+    while not folder.exists():
+        missing.append(folder)
+        folder = folder.parent
+    for folder in reversed(missing):
+        try:
+            folder.mkdir(mode=0o700)
+        except FileExistsError:  # another process made it meanwhile
+            continue
+        os.chmod(folder, 0o700)  # mkdir's mode goes through the umask
+    try:
+        os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600))
+    except FileExistsError:
+        pass
+    for name in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+        try:
+            if name.stat().st_mode & 0o077:
+                os.chmod(name, 0o600)
+        except OSError:  # absent, or not ours to change: SQLite says so if it matters
+            continue
 
 
 def sqlite_path(location: str) -> Path:
@@ -136,13 +221,16 @@ def sqlite_path(location: str) -> Path:
 class Store:
     """Blocking access to the store; one instance per thread (see AsyncStore)."""
 
-    def __init__(self, location: str) -> None:
+    def __init__(self, location: str, synchronous: Literal["FULL", "NORMAL"] = "FULL") -> None:
         self.path = sqlite_path(location)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        _private_file(self.path)
         self.db = sqlite3.connect(self.path, timeout=30.0, isolation_level=None)
         self.db.row_factory = sqlite3.Row
         self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute("PRAGMA synchronous=NORMAL")
+        # FULL: a commit is on disk when it returns, so an item acked after its commit
+        # survives a power cut (NORMAL in WAL mode may lose the last commits). NORMAL is
+        # here for bench/store_commit.py only.
+        self.db.execute(f"PRAGMA synchronous={synchronous}")
         self.db.execute("PRAGMA busy_timeout=30000")
         self._migrate()
 
@@ -186,19 +274,23 @@ class Store:
     def job_exists(self, name: str) -> bool:
         return self.db.execute("SELECT 1 FROM jobs WHERE name = ?", (name,)).fetchone() is not None
 
-    def add_tasks(self, rows: Iterable[tuple[str, str, str, str]]) -> list[str]:
+    def add_tasks(
+        self, rows: Iterable[tuple[str, str, str, str]], messages: dict[str, str] | None = None
+    ) -> list[str]:
         """Record (id, job, url, domain) rows; return the ids still waiting to be published.
 
+        `messages` maps a task id to the task as published (JSON), kept for the reconciler.
         Tasks already recorded keep their state; a task still `new` (recorded by an earlier
         submit that died before publishing it) is returned again so it gets published.
         """
         now = time.time()
         rows = list(rows)
+        messages = messages or {}
         with self._tx():
             self.db.executemany(
-                "INSERT INTO tasks (id, job, url, domain, state, created_at, updated_at) "
-                "VALUES (?, ?, ?, ?, 'new', ?, ?) ON CONFLICT (id) DO NOTHING",
-                [(*row, now, now) for row in rows],
+                "INSERT INTO tasks (id, job, url, domain, message, state, created_at, updated_at) "
+                "VALUES (?, ?, ?, ?, ?, 'new', ?, ?) ON CONFLICT (id) DO NOTHING",
+                [(*row, messages.get(row[0]), now, now) for row in rows],
             )
             ids = [row[0] for row in rows]
             marks = ",".join("?" * len(ids))
@@ -264,9 +356,14 @@ class Store:
                 self._apply_in_tx(event)
 
     def _apply_in_tx(self, event: Event) -> None:
+        found = self.db.execute("SELECT incarnation FROM tasks WHERE id = ?", (event.task_id,)).fetchone()
+        stale = found is not None and event.incarnation < found[0]
         if event.kind == "released":
-            self._transition_in_tx(event.task_id, "in_flight", None)
+            if not stale and self._transition_in_tx(event.task_id, "in_flight", None):
+                self.db.execute("UPDATE tasks SET due_at = ? WHERE id = ?", (event.at, event.task_id))
             return
+        # The attempt happened, stale copy or not: it is history. The state moves only for
+        # the live copy.
         self.db.execute(
             "INSERT INTO attempts (task_id, n, at, outcome, status, proxy_id, tier, cost, elapsed, next, delay) "
             "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
@@ -284,20 +381,38 @@ class Store:
                 event.delay,
             ),
         )
+        if stale:
+            return
         self.db.execute(
-            "UPDATE tasks SET attempts = MAX(attempts, ?) WHERE id = ?",
-            (event.attempt, event.task_id),
+            "UPDATE tasks SET attempts = MAX(attempts, ?), incarnation = MAX(incarnation, ?), "
+            "message = COALESCE(?, message) WHERE id = ?",
+            (
+                event.attempt,
+                event.incarnation,
+                event.task.model_dump_json(exclude_none=True) if event.task else None,
+                event.task_id,
+            ),
         )
         if event.next in ("retry", "frontier"):
-            self._transition_in_tx(event.task_id, "retrying", event.outcome)
+            if self._transition_in_tx(event.task_id, "retrying", event.outcome):
+                # Back in a domain's backlog (`frontier`): nothing to watch. In a delay tier:
+                # due back when the delay is over.
+                due = event.at + event.delay if event.next == "retry" and event.delay is not None else None
+                self.db.execute("UPDATE tasks SET due_at = ? WHERE id = ?", (due, event.task_id))
+        elif event.next == "parse":
+            # On the durable parse queue: the parser moves it on, or dead-letters it.
+            self.db.execute(
+                "UPDATE tasks SET due_at = NULL WHERE id = ? AND state = 'in_flight'", (event.task_id,)
+            )
 
-    def _transition_in_tx(self, task_id: str, state: str, outcome: str | None) -> None:
+    def _transition_in_tx(self, task_id: str, state: str, outcome: str | None) -> bool:
         sources = _FROM[state]
-        self.db.execute(
+        cursor = self.db.execute(
             f"UPDATE tasks SET state = ?, updated_at = ?, last_outcome = COALESCE(?, last_outcome) "
             f"WHERE id = ? AND state IN ({','.join('?' * len(sources))})",
             (state, time.time(), outcome, task_id, *sources),
         )
+        return cursor.rowcount > 0
 
     def store_item(self, item: Item) -> None:
         task = item.task
@@ -320,11 +435,20 @@ class Store:
             self._transition_in_tx(task.id, "stored", "ok")
 
     def record_dead(self, letter: DeadLetter, message_id: str) -> None:
+        """Record a dead letter in the ledger, and its task as dead.
+
+        A letter from a stale copy of a task (a lower incarnation than the store's) is kept
+        as history but purged at once: the live copy decides how the task ends.
+        """
         task = letter.task
         with self._tx():
+            stale = False
+            if task is not None:
+                found = self.db.execute("SELECT incarnation FROM tasks WHERE id = ?", (task.id,)).fetchone()
+                stale = found is not None and task.incarnation < found[0]
             self.db.execute(
                 "INSERT INTO dead (message_id, task_id, job, url, domain, stage, reason, detail, "
-                "attempts, letter, dead_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                "attempts, letter, dead_at, purged_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
                 "ON CONFLICT (message_id) DO NOTHING",
                 (
                     message_id,
@@ -338,14 +462,79 @@ class Store:
                     task.attempts if task else None,
                     letter.model_dump_json(exclude_none=True),
                     letter.at,
+                    time.time() if stale else None,
                 ),
             )
-            if task is not None:
+            if task is not None and not stale:
                 self.db.execute(
                     "UPDATE tasks SET attempts = MAX(attempts, ?) WHERE id = ?",
                     (task.attempts, task.id),
                 )
                 self._transition_in_tx(task.id, "dead", letter.reason)
+
+    # -- the reconciler ----------------------------------------------------------------
+
+    def silent_tasks(self, in_flight_before: float, retrying_before: float, limit: int) -> list[Silent]:
+        """Tasks in flight since before `in_flight_before` or due back before `retrying_before`.
+
+        Oldest first, at most `limit`; the reconciler decides which of them are lost.
+        """
+        rows = self.db.execute(
+            "SELECT t.id, t.job, t.url, t.domain, t.state, t.attempts, t.incarnation, t.rescues, "
+            "t.due_at, t.message, j.spec FROM tasks AS t LEFT JOIN jobs AS j ON j.name = t.job "
+            "WHERE t.due_at IS NOT NULL AND t.due_at < MAX(?, ?) "
+            "AND ((t.state = 'in_flight' AND t.due_at < ?) OR (t.state = 'retrying' AND t.due_at < ?)) "
+            "ORDER BY t.due_at LIMIT ?",
+            (in_flight_before, retrying_before, in_flight_before, retrying_before, int(limit)),
+        ).fetchall()
+        return [Silent(**dict(row)) for row in rows]
+
+    def begin_rescue(self, silent: Silent, now: float) -> bool:
+        """Claim a rescue: raise the task's incarnation and count it, if it has not moved.
+
+        Done before the republish, so a copy that surfaces from now on is stale. `due_at`
+        restarts now: if the republish fails, the task is looked at again one deadline later.
+        False if the task moved since it was read (an event came in): leave it.
+        """
+        with self._tx():
+            cursor = self.db.execute(
+                "UPDATE tasks SET incarnation = incarnation + 1, rescues = rescues + 1, due_at = ?, "
+                "updated_at = ? WHERE id = ? AND state = ? AND incarnation = ? AND due_at = ?",
+                (now, now, silent.id, silent.state, silent.incarnation, silent.due_at),
+            )
+            return cursor.rowcount > 0
+
+    def finish_rescue(self, task: Task) -> None:
+        """The rescued copy is confirmed in its domain queue: the task waits in its backlog."""
+        with self._tx():
+            self.db.execute(
+                "UPDATE tasks SET state = 'queued', due_at = NULL, message = ?, updated_at = ? "
+                "WHERE id = ? AND incarnation = ? AND state IN ('in_flight', 'retrying')",
+                (task.model_dump_json(exclude_none=True), time.time(), task.id, task.incarnation),
+            )
+
+    # -- group commit ----------------------------------------------------------------
+
+    def write_group(self, writes: list[Callable[[Store], None]]) -> list[Exception | None]:
+        """Run `writes` in one transaction, each in its own savepoint; one commit for all.
+
+        A write that fails for a reason of its own (its message) is undone alone and its
+        error returned in its place; the others still commit. A store outage (`is_outage`)
+        rolls the whole transaction back and raises: nothing of the group is written.
+        """
+        results: list[Exception | None] = [None] * len(writes)
+        with self._tx():
+            for i, write in enumerate(writes):
+                self.db.execute("SAVEPOINT one")
+                try:
+                    write(self)
+                except Exception as exc:
+                    if is_outage(exc):
+                        raise
+                    self.db.execute("ROLLBACK TO one")
+                    results[i] = exc
+                self.db.execute("RELEASE one")
+        return results
 
     # -- reading ---------------------------------------------------------------------
 
@@ -353,7 +542,9 @@ class Store:
         query = (
             "SELECT job, COUNT(*) AS total, "
             "SUM(state = 'stored') AS stored, SUM(state = 'dead') AS dead, "
-            "SUM(state = 'in_flight') AS in_flight FROM tasks "
+            "SUM(state = 'in_flight') AS in_flight, "
+            "SUM(state = 'dead' AND last_outcome = 'stalled') AS stalled, SUM(rescues > 0) AS rescued "
+            "FROM tasks "
         )
         params: tuple[str, ...] = ()
         if job is not None:
@@ -364,7 +555,16 @@ class Store:
         for row in self.db.execute(query, params):
             total, stored, dead = row["total"], row["stored"] or 0, row["dead"] or 0
             result.append(
-                JobCounts(row["job"], total, stored, dead, row["in_flight"] or 0, total - stored - dead)
+                JobCounts(
+                    row["job"],
+                    total,
+                    stored,
+                    dead,
+                    row["in_flight"] or 0,
+                    total - stored - dead,
+                    row["stalled"] or 0,
+                    row["rescued"] or 0,
+                )
             )
         if job is not None and not result and self.job_exists(job):
             result.append(JobCounts(job, 0, 0, 0, 0, 0))
@@ -439,7 +639,11 @@ class Store:
                     (now, entry_id),
                 ).fetchone()
                 if row is not None and row[0] is not None:
-                    self._transition_in_tx(row[0], "queued", None)
+                    # A replayed task gets its rescues back along with its place in the queue.
+                    if self._transition_in_tx(row[0], "queued", None):
+                        self.db.execute(
+                            "UPDATE tasks SET rescues = 0, due_at = NULL WHERE id = ?", (row[0],)
+                        )
 
     def mark_purged(self, entry_ids: Iterable[int]) -> int:
         now = time.time()
@@ -477,9 +681,19 @@ class _Transaction:
         if not self.outer:
             return
         if exc_type is None:
-            self.db.execute("COMMIT")
-        else:
-            self.db.execute("ROLLBACK")
+            try:
+                self.db.execute("COMMIT")
+                return
+            except sqlite3.Error:  # a full disk often shows only here
+                self._rollback()
+                raise
+        self._rollback()
+
+    def _rollback(self) -> None:
+        # SQLite may have rolled back on its own already (a full disk, an I/O error).
+        if self.db.in_transaction:
+            with contextlib.suppress(sqlite3.Error):
+                self.db.execute("ROLLBACK")
 
 
 T = TypeVar("T")

@@ -220,10 +220,14 @@ def cmd_status(args: argparse.Namespace) -> int:
             by_job.setdefault(cost["job"], []).append(cost)
         print(json.dumps([{**row.__dict__, "costs": by_job.get(row.job, [])} for row in rows]))
         return 0
-    print(f"{'job':<24} {'total':>8} {'stored':>8} {'dead':>8} {'pending':>8} {'in flight':>9}")
+    print(
+        f"{'job':<24} {'total':>8} {'stored':>8} {'dead':>8} {'pending':>8} {'in flight':>9} "
+        f"{'stalled':>8} {'rescued':>8}"
+    )
     for row in rows:
         print(
-            f"{row.job:<24} {row.total:>8} {row.stored:>8} {row.dead:>8} {row.pending:>8} {row.in_flight:>9}"
+            f"{row.job:<24} {row.total:>8} {row.stored:>8} {row.dead:>8} {row.pending:>8} {row.in_flight:>9} "
+            f"{row.stalled:>8} {row.rescued:>8}"
         )
     if costs:
         print()

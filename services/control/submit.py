@@ -98,7 +98,8 @@ async def submit(
 
     async def flush() -> None:
         rows = [(t.id, t.job, t.url, t.domain) for t in batch.values()]
-        waiting = await store.run(lambda s: s.add_tasks(rows))
+        messages = {t.id: t.model_dump_json(exclude_none=True) for t in batch.values()}  # for the reconciler
+        waiting = await store.run(lambda s: s.add_tasks(rows, messages))
         topology = broker.topology
         await asyncio.gather(
             *(broker.publish(topology.frontier, routing_key(batch[i].domain), batch[i]) for i in waiting)

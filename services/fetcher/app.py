@@ -283,6 +283,8 @@ class Fetcher(Service):
             elapsed=None if elapsed is None else round(elapsed, 4),
             next=next_step,  # type: ignore[arg-type]
             delay=delay,
+            incarnation=task.incarnation,
+            task=task.model_copy(update={"permit": None}),  # the store keeps it (reconciler)
         )
         await self.broker.publish(self.broker.topology.events, f"outcome.{task.domain}", event)
 

@@ -52,6 +52,7 @@ from hutch.models import (
     Event,
     EventBatch,
     FetcherHeartbeat,
+    Rescued,
     RobotsFetched,
     Task,
     decode,
@@ -75,7 +76,8 @@ SHORT_PAUSE = 1.0  # how long a domain stops consuming after a capacity or concu
 RELEASE_FLUSH = 0.05  # seconds between two batches of `released` events
 RELEASE_BATCH = 500  # a batch this large goes out at once
 GOVERNOR_HEADER = "x-hutch-governor"
-EVENT_KEYS = ("outcome.#", "released.#", "robots.#", "fetcher.heartbeat", status_routing_key())
+EVENT_KEYS = ("outcome.#", "released.#", "robots.#", "fetcher.heartbeat", "rescued.#", status_routing_key())
+RESCUED_MEMORY = 100_000  # rescued tasks whose newest incarnation a governor remembers
 
 
 def governor_id() -> str:
@@ -169,6 +171,8 @@ class Governor(Service):
         self._background: set[asyncio.Task[None]] = set()
         self._lag = [0.0, 0]  # outcome events: sum of their delays on arrival, and their count
         self._releases: list[Event] = []  # released events not yet published
+        # task id -> newest incarnation, of tasks the storer's reconciler rescued (oldest first).
+        self.incarnations: collections.OrderedDict[str, int] = collections.OrderedDict()
         topology = self.broker.topology
         # Releases alternate between two connections (measured, bench/governor_permits.py:
         # with publishes pipelined on a channel, 2 and 16 connections give the same rate).
@@ -261,6 +265,8 @@ class Governor(Service):
                 woken = core.on_robots(decode(message.body, RobotsFetched))
                 self._wake(woken, robots=True)
                 self._notify_gate()
+            elif key.startswith("rescued."):
+                self._on_rescued(decode(message.body, Rescued))
             elif key == "fetcher.heartbeat":
                 core.on_heartbeat(decode(message.body, FetcherHeartbeat))
                 self._notify_gate()
@@ -268,6 +274,16 @@ class Governor(Service):
                 self._spawn(self._answer_status(message.reply_to, message.correlation_id))
         except DecodeError as exc:
             log.debug("ignoring an undecodable event %s: %s", key, exc)
+
+    def _on_rescued(self, rescued: Rescued) -> None:
+        self.incarnations[rescued.task_id] = max(rescued.incarnation, self.incarnations.get(rescued.task_id, 0))
+        self.incarnations.move_to_end(rescued.task_id)
+        while len(self.incarnations) > RESCUED_MEMORY:
+            self.incarnations.popitem(last=False)
+
+    def _stale(self, task: Task) -> bool:
+        """A copy of a task the reconciler has since republished: drop it, the new one runs."""
+        return task.incarnation < self.incarnations.get(task.id, 0)
 
     def _wake(self, key: str | None, robots: bool = False) -> None:
         if key is None:
@@ -437,6 +453,9 @@ class Governor(Service):
             last = released
 
     async def _on_task(self, domain: str, task: Task, message: Delivery) -> None:
+        if self._stale(task):
+            log.info("dropping stale copy %d of rescued task %s", task.incarnation, task.id)
+            return  # acked: the rescued copy is in the queue
         core = self.core
         state = self.domains[domain]
         core.activate(domain)
@@ -495,6 +514,7 @@ class Governor(Service):
             attempt=task.attempts,
             permit_id=task.permit.id,
             at=task.permit.issued,
+            incarnation=task.incarnation,
         )
         try:
             await publisher.publish(topology.work, "fetch.ready", task)

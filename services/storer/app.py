@@ -1,44 +1,228 @@
-"""The storer's wiring: items, outcome events and dead letters into the store.
+"""The storer's wiring: items, outcome events and dead letters into the store; the reconciler.
 
-Each message is acked only after its write has committed, and every write is an upsert
-keyed so that a redelivered message changes nothing (see `hutch.store`).
+Each message is acked only after the transaction holding its write has committed (group
+commit, `writer.GroupWriter`), and every write is an upsert keyed so that a redelivered
+message changes nothing (see `hutch.store`). A store that fails (full disk, lock, read-only
+file) costs no message anything: the write is retried in place while consumption waits, then
+the message is requeued (`Requeue`: nothing spent), never dead-lettered.
+
+The dead-letter ledger records every letter, however odd: one it cannot record as it is
+gets recorded without its task. Its own failures are never dead-lettered (that would feed
+the ledger its own letters in a loop).
+
+The storer owns the store, so it also runs the reconciler (`reconcile`): every
+`reconcile_interval` seconds it rescues the tasks nothing will move again.
 """
 
 from __future__ import annotations
 
-from hutch.amqp import Delivery
-from hutch.models import AnyEvent, DeadLetter, Item
+import asyncio
+import contextlib
+import logging
+import time
+
+from aio_pika.abc import AbstractChannel
+
+from hutch.amqp import Delivery, PublishFailed, Requeue
+from hutch.domains import routing_key
+from hutch.models import AnyEvent, DeadLetter, Item, Rescued
 from hutch.service import Service
-from hutch.store import AsyncStore
+from hutch.services.storer import reconcile
+from hutch.services.storer.writer import GroupWriter, Write
+from hutch.store import AsyncStore, Silent, Store, StoreUnavailable, is_outage
+
+log = logging.getLogger(__name__)
+
+# A letter the storer itself publishes names its ledger key here, so that recording it
+# locally and again from the ledger queue makes one row.
+LETTER_ID = "x-hutch-letter-id"
+SWEEP_LIMIT = 1000  # silent tasks looked at per sweep; the rest wait for the next one
+DOMAINS_PER_SWEEP = 200  # domain queues whose depth one sweep asks for
 
 
 class Storer(Service):
     name = "storer"
 
     async def start(self) -> None:
-        self.store = await AsyncStore(self.settings.store_location).open()
+        s = self.settings
+        self.store = await AsyncStore(s.store_location).open()
+        self.writer = GroupWriter(
+            self.store.run,
+            batch=s.store_batch,
+            wait=s.store_batch_wait,
+            retry_seconds=s.store_retry_seconds,
+            clock=time.monotonic,
+        ).start()
+        self.reconcile_config = reconcile.Config(
+            permit_ttl=s.permit_ttl,
+            # The fetcher waits for a proxy lease until the permit runs out, then fetches.
+            fetch_deadline=s.total_timeout + s.rpc_timeout + s.publish_timeout,
+            margin=s.reconcile_margin,
+            max_rescues=s.max_rescues,
+        )
+        self.rescued = 0
+        self.stalled = 0
         topology = self.broker.topology
-        await self.broker.consume(topology.store, Item, self._on_item, stage="store", prefetch=32)
+        # Prefetch bounds what waits on a failing store: no more than this is taken from the
+        # broker until the store takes writes again.
+        await self.broker.consume(topology.store, Item, self._on_item, stage="store", prefetch=s.store_batch)
         await self.broker.consume(
-            topology.events_storer, AnyEvent, self._on_event, stage="store", prefetch=64
+            topology.events_storer, AnyEvent, self._on_event, stage="store", prefetch=s.store_batch
         )
         await self.broker.consume(
             topology.ledger, DeadLetter, self._on_dead, stage="store", prefetch=32
         )
+        self._reconciler = asyncio.create_task(self._reconcile_every(s.reconcile_interval))
 
     async def stop(self) -> None:
+        self._reconciler.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._reconciler
+        await self.writer.close()
         await self.store.close()
 
+    async def _write(self, write: Write) -> None:
+        try:
+            await self.writer.write(write)
+        except StoreUnavailable as exc:
+            log.warning("store unavailable; message requeued: %s", exc)
+            raise Requeue() from None
+
     async def _on_item(self, item: Item, _: Delivery) -> None:
-        await self.store.run(lambda store: store.store_item(item))
+        await self._write(lambda store: store.store_item(item))
 
     async def _on_event(self, message: AnyEvent, _: Delivery) -> None:
         events = message.events()
-        await self.store.run(lambda store: store.apply_events(events))
+        await self._write(lambda store: store.apply_events(events))
 
     async def _on_dead(self, letter: DeadLetter, message: Delivery) -> None:
-        key = message.message_id or f"{letter.stage}:{letter.at}"
-        await self.store.run(lambda store: store.record_dead(letter, key))
+        key = str(message.headers.get(LETTER_ID) or message.message_id or f"{letter.stage}:{letter.at}")
+        try:
+            await self._write(lambda store: store.record_dead(letter, key))
+        except Requeue:
+            raise
+        except Exception as exc:  # a letter the store will not take as it is: keep its gist
+            log.warning("dead letter %s recorded without its task: %s", key, exc)
+            odd = DeadLetter(
+                stage=letter.stage,
+                reason=letter.reason,
+                detail=f"{letter.detail[:1000]} (recorded without its task: {type(exc).__name__})",
+                at=letter.at,
+                queue=letter.queue,
+            )
+            await self._write(lambda store: store.record_dead(odd, key))
+
+    # -- the reconciler ----------------------------------------------------------------
+
+    async def _reconcile_every(self, interval: float) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self.reconcile_once()
+            except Exception as exc:  # the broker or the store is away: try next time
+                log.warning("reconciler sweep failed: %s: %s", type(exc).__name__, exc)
+
+    async def reconcile_once(self) -> dict[str, int]:
+        """One sweep: rescue or stall every lost task; returns how many of each."""
+        config = self.reconcile_config
+        now = time.time()
+        silent = await self.store.run(
+            lambda store: store.silent_tasks(
+                config.in_flight_before(now), config.retrying_before(now), SWEEP_LIMIT
+            )
+        )
+        done = {"rescue": 0, "stall": 0}
+        if not silent:
+            return done
+        observed = await self._observe(silent, now)
+        for task in silent:
+            verdict = reconcile.decide(task, now, config, observed)
+            if verdict.action == "rescue":
+                done["rescue"] += await self._rescue(task, verdict.why, now)
+            elif verdict.action == "stall":
+                await self._stall(task, verdict.why)
+                done["stall"] += 1
+        if done["rescue"] or done["stall"]:
+            log.info("reconciler: %d tasks rescued, %d stalled", done["rescue"], done["stall"])
+        return done
+
+    async def _observe(self, silent: list[Silent], now: float) -> reconcile.Observed:
+        topology = self.broker.topology
+        channel = await self.broker.channel()
+        try:
+            ready = await self._depth(channel, topology.fetch_ready)
+            fetchers_up = ready is not None and ready[1] > 0
+            backlog: dict[str, int] = {}
+            domains = sorted(reconcile.domains_to_look_at(silent, now, self.reconcile_config))
+            for domain in domains[:DOMAINS_PER_SWEEP]:
+                if channel.is_closed:  # a passive declare of a missing queue closes it
+                    channel = await self.broker.channel()
+                depth = await self._depth(channel, topology.domain_queue(domain).name)
+                if depth is not None:
+                    backlog[domain] = depth[0]
+        finally:
+            with contextlib.suppress(Exception):
+                await channel.close()
+        return reconcile.Observed(fetchers_up=fetchers_up, backlog=backlog)
+
+    @staticmethod
+    async def _depth(channel: AbstractChannel, queue: str) -> tuple[int, int] | None:
+        """(ready messages, consumers) of a queue; None if it cannot be seen."""
+        try:
+            declared = await channel.declare_queue(queue, passive=True, robust=False)
+        except Exception as exc:
+            log.debug("depth of %s unknown: %s", queue, exc)
+            return None
+        result = declared.declaration_result
+        return result.message_count or 0, result.consumer_count or 0
+
+    async def _rescue(self, silent: Silent, why: str, now: float) -> int:
+        claimed = await self.store.run(lambda store: store.begin_rescue(silent, now))
+        if not claimed:
+            return 0  # it moved since the store was read
+        task = reconcile.rebuild(silent, silent.incarnation + 1)
+        topology = self.broker.topology
+        try:
+            # The governors hear of the new incarnation first, so a stale copy they take
+            # from the domain queue after this is dropped; none bound yet is no failure.
+            await self.broker.publish(
+                topology.events,
+                f"rescued.{task.domain}",
+                Rescued(task_id=task.id, domain=task.domain, incarnation=task.incarnation),
+                mandatory=False,
+            )
+            await self.broker.publish(topology.frontier, routing_key(task.domain), task)
+        except PublishFailed as exc:
+            # Claimed but not sent: the task is looked at again one deadline from now.
+            log.warning("rescue of task %s not published: %s", task.id, exc)
+            return 0
+        await self.store.run(lambda store: store.finish_rescue(task))
+        log.info("rescued task %s (%s) as incarnation %d", task.id, why, task.incarnation)
+        self.rescued += 1
+        return 1
+
+    async def _stall(self, silent: Silent, why: str) -> None:
+        task = reconcile.rebuild(silent, silent.incarnation)
+        letter = DeadLetter(
+            stage="reconcile",
+            reason="stalled",
+            detail=f"lost again ({why}) after {silent.rescues} rescues",
+            task=task,
+        )
+        key = f"stalled:{task.id}:{task.incarnation}"
+        await self.broker.publish(self.broker.topology.dead, "", letter, headers={LETTER_ID: key})
+        await self.store.run(lambda store: _record(store, letter, key))
+        self.stalled += 1
+
+
+def _record(store: Store, letter: DeadLetter, key: str) -> None:
+    try:
+        store.record_dead(letter, key)
+    except Exception as exc:
+        if not is_outage(exc):
+            raise
+        # The ledger queue has the letter too and records it when the store is back.
+        log.warning("stalled task %s not recorded yet: %s", key, exc)
 
 
 SERVICE = Storer

@@ -424,15 +424,19 @@ async def test_submit_status_and_export_drive_a_job_on_running_services_storing_
     total = len(urls)
     costs = row["costs"]
     counts = {k: v for k, v in row.items() if k != "costs"}
-    assert counts == {"job": "cli-job", "total": total, "stored": total, "dead": 0, "in_flight": 0, "pending": 0}
+    assert counts == {
+        "job": "cli-job", "total": total, "stored": total, "dead": 0, "in_flight": 0, "pending": 0,
+        "stalled": 0, "rescued": 0,
+    }  # fmt: skip
     # No pool in this test: every request went direct, and cost nothing.
     assert {(c["tier"], c["cost"]) for c in costs} == {("direct", 0.0)}
     assert sum(c["ok"] for c in costs) == total
 
     table = await hutch(env, "status")
     assert table.code == 0, table
-    assert table.out.splitlines()[0].split() == ["job", "total", "stored", "dead", "pending", "in", "flight"]
-    assert f"cli-job {total} {total} 0 0 0" in [" ".join(line.split()) for line in table.out.splitlines()]
+    header = ["job", "total", "stored", "dead", "pending", "in", "flight", "stalled", "rescued"]
+    assert table.out.splitlines()[0].split() == header
+    assert f"cli-job {total} {total} 0 0 0 0 0" in [" ".join(line.split()) for line in table.out.splitlines()]
     every = await hutch(env, "status", "--json")
     assert every.code == 0 and [r["job"] for r in json.loads(every.out)] == ["cli-job"], every
 
