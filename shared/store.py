@@ -359,7 +359,12 @@ class Store:
         found = self.db.execute("SELECT incarnation FROM tasks WHERE id = ?", (event.task_id,)).fetchone()
         stale = found is not None and event.incarnation < found[0]
         if event.kind == "released":
-            if not stale and self._transition_in_tx(event.task_id, "in_flight", None):
+            # Releases travel in batches every few milliseconds, so the outcome of a fast fetch
+            # can arrive first: a release older than an outcome already here is old news.
+            answered = self.db.execute(
+                "SELECT 1 FROM attempts WHERE task_id = ? AND at >= ? LIMIT 1", (event.task_id, event.at)
+            ).fetchone()
+            if not stale and answered is None and self._transition_in_tx(event.task_id, "in_flight", None):
                 self.db.execute("UPDATE tasks SET due_at = ? WHERE id = ?", (event.at, event.task_id))
             return
         # The attempt happened, stale copy or not: it is history. The state moves only for

@@ -453,9 +453,6 @@ class Governor(Service):
             last = released
 
     async def _on_task(self, domain: str, task: Task, message: Delivery) -> None:
-        if self._stale(task):
-            log.info("dropping stale copy %d of rescued task %s", task.incarnation, task.id)
-            return  # acked: the rescued copy is in the queue
         core = self.core
         state = self.domains[domain]
         core.activate(domain)
@@ -465,6 +462,9 @@ class Governor(Service):
         while True:
             if self.stopping.is_set():
                 raise Requeue()
+            if self._stale(task):  # rescued meanwhile: the new copy is in the queue
+                log.info("dropping stale copy %d of rescued task %s", task.incarnation, task.id)
+                return
             verdict = core.check(task, domain)
             if verdict.action == "release" and not served and len(self.gate):
                 # Others wait for capacity already: take a place behind them.

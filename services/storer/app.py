@@ -62,6 +62,7 @@ class Storer(Service):
         )
         self.rescued = 0
         self.stalled = 0
+        self._empty_since: dict[str, float] = {}  # domain queue -> first of its empty looks
         topology = self.broker.topology
         # Prefetch bounds what waits on a failing store: no more than this is taken from the
         # broker until the store takes writes again.
@@ -151,19 +152,23 @@ class Storer(Service):
         channel = await self.broker.channel()
         try:
             ready = await self._depth(channel, topology.fetch_ready)
-            fetchers_up = ready is not None and ready[1] > 0
-            backlog: dict[str, int] = {}
+            events = await self._depth(channel, topology.events_storer)
+            depths: dict[str, int | None] = {}
             domains = sorted(reconcile.domains_to_look_at(silent, now, self.reconcile_config))
             for domain in domains[:DOMAINS_PER_SWEEP]:
                 if channel.is_closed:  # a passive declare of a missing queue closes it
                     channel = await self.broker.channel()
                 depth = await self._depth(channel, topology.domain_queue(domain).name)
-                if depth is not None:
-                    backlog[domain] = depth[0]
+                depths[domain] = None if depth is None else depth[0]
         finally:
             with contextlib.suppress(Exception):
                 await channel.close()
-        return reconcile.Observed(fetchers_up=fetchers_up, backlog=backlog)
+        self._empty_since = reconcile.empty_since(self._empty_since, depths, now)
+        return reconcile.Observed(
+            fetchers_up=ready is not None and ready[1] > 0,
+            store_behind=events is None or events[0] > 0,
+            empty_for={domain: now - since for domain, since in self._empty_since.items()},
+        )
 
     @staticmethod
     async def _depth(channel: AbstractChannel, queue: str) -> tuple[int, int] | None:

@@ -10,8 +10,12 @@ The reconciler finds those tasks in the store and republishes them, and only tho
   the fetch deadline plus a margin, while some fetcher consumes `fetch.ready` (with none up,
   the task may simply wait there: a fetcher will hand back its expired permit);
 - retrying, past the moment its delay tier should have returned it plus a margin, while
-  its domain's queue is empty (a task back in a backlog, however long, is not lost; a
-  paused domain keeps its tasks in that queue too).
+  its domain's queue has been seen empty for at least the margin too (a task back in a
+  backlog, however long, is not lost; a paused domain keeps its tasks in that queue; and a
+  governor holds at most one task of a domain out of the queue, for a bounded time).
+
+And only while the store is current: with outcome events still waiting for the storer, a
+task may look silent only because its news has not been read yet.
 
 It never looks at a task waiting in a backlog (`queued`, or returned to its domain queue:
 `due_at` is empty then), on the parse queue, in a delay tier before it is due, or finished.
@@ -36,7 +40,8 @@ Why = Literal[
     "retry_overdue",  # its delay tier should have returned it long ago
     "not_yet",  # its deadline has not passed
     "no_fetcher",  # in flight while no fetcher consumes fetch.ready: it waits there
-    "in_backlog",  # its domain's queue holds tasks: it may be one of them
+    "in_backlog",  # its domain's queue holds tasks (or did, lately): it may be one of them
+    "store_behind",  # outcome events wait to be applied: the store is not current
     "unknown_state",
 ]
 
@@ -66,7 +71,10 @@ class Observed:
     """What the wiring saw on the broker just before deciding."""
 
     fetchers_up: bool  # fetch.ready has at least one consumer
-    backlog: dict[str, int] = field(default_factory=dict)  # ready messages per domain queue
+    store_behind: bool = False  # the storer's events queue holds messages
+    # Per domain queue: seconds it has been seen empty, sweep after sweep (absent: it was
+    # not empty last time, or its depth is unknown).
+    empty_for: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -77,6 +85,8 @@ class Verdict:
 
 def decide(task: Silent, now: float, config: Config, observed: Observed) -> Verdict:
     """Rescue, declare stalled, or leave alone one task the store found silent."""
+    if observed.store_behind:
+        return Verdict("leave", "store_behind")
     if task.state == "in_flight":
         if task.due_at >= config.in_flight_before(now):
             return Verdict("leave", "not_yet")
@@ -86,8 +96,9 @@ def decide(task: Silent, now: float, config: Config, observed: Observed) -> Verd
     elif task.state == "retrying":
         if task.due_at >= config.retrying_before(now):
             return Verdict("leave", "not_yet")
-        # Unknown depth counts as a backlog: when in doubt, leave it.
-        if observed.backlog.get(task.domain, 1) > 0:
+        # A governor may hold the domain's one task out of the queue for a while (waiting for
+        # a token or the fleet), so one empty look proves nothing; an unknown depth neither.
+        if observed.empty_for.get(task.domain, -1.0) < config.margin:
             return Verdict("leave", "in_backlog")
         why = "retry_overdue"
     else:
@@ -95,6 +106,18 @@ def decide(task: Silent, now: float, config: Config, observed: Observed) -> Verd
     if task.rescues >= config.max_rescues:
         return Verdict("stall", why)
     return Verdict("rescue", why)
+
+
+def empty_since(
+    previous: dict[str, float], depths: dict[str, int | None], now: float
+) -> dict[str, float]:
+    """When each domain queue was first seen empty in the current run of empty looks.
+
+    `depths` holds this sweep's looks (None: unknown); domains not looked at are forgotten.
+    """
+    return {
+        domain: previous.get(domain, now) for domain, depth in depths.items() if depth is not None and depth == 0
+    }
 
 
 def domains_to_look_at(tasks: list[Silent], now: float, config: Config) -> set[str]:

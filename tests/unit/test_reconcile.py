@@ -7,12 +7,20 @@ import dataclasses
 import pytest
 
 from hutch.models import Spec, Task
-from hutch.services.storer.reconcile import Config, Observed, decide, domains_to_look_at, rebuild
+from hutch.services.storer.reconcile import (
+    Config,
+    Observed,
+    Verdict,
+    decide,
+    domains_to_look_at,
+    empty_since,
+    rebuild,
+)
 from hutch.store import Silent
 
 CONFIG = Config(permit_ttl=30.0, fetch_deadline=40.0, margin=100.0, max_rescues=3)
 NOW = 10_000.0
-UP = Observed(fetchers_up=True, backlog={"example.com": 0})
+UP = Observed(fetchers_up=True, empty_for={"example.com": 100.0})
 
 
 def silent(state: str = "in_flight", due_at: float = 0.0, rescues: int = 0, **extra: object) -> Silent:
@@ -62,15 +70,29 @@ def test_a_retry_in_a_long_tier_before_it_is_due_is_left_alone() -> None:
     assert decide(silent("retrying", due_at=NOW - 99), NOW, CONFIG, UP).action == "leave"
 
 
-def test_an_overdue_retry_is_left_while_its_domain_queue_holds_a_backlog() -> None:
-    busy = Observed(fetchers_up=True, backlog={"example.com": 5000})
-    verdict = decide(silent("retrying", due_at=NOW - 10_000), NOW, CONFIG, busy)
+def test_an_overdue_retry_is_left_unless_its_domain_queue_was_seen_empty_for_the_whole_margin() -> None:
+    overdue = silent("retrying", due_at=NOW - 10_000)
+    # Not empty at the last look, or of unknown depth: it may be in the backlog.
+    verdict = decide(overdue, NOW, CONFIG, Observed(fetchers_up=True, empty_for={}))
     assert (verdict.action, verdict.why) == ("leave", "in_backlog")
+    # Empty for a moment only: a governor may be holding it, waiting for a token.
+    assert decide(overdue, NOW, CONFIG, Observed(fetchers_up=True, empty_for={"example.com": 99.0})).action == "leave"
+    assert decide(overdue, NOW, CONFIG, Observed(fetchers_up=True, empty_for={"example.com": 100.0})).action == "rescue"
 
 
-def test_an_overdue_retry_whose_domain_queue_depth_is_unknown_is_left_alone() -> None:
-    unknown = Observed(fetchers_up=True, backlog={})
-    assert decide(silent("retrying", due_at=NOW - 10_000), NOW, CONFIG, unknown).why == "in_backlog"
+def test_nothing_is_touched_while_outcome_events_wait_for_the_storer() -> None:
+    behind = Observed(fetchers_up=True, store_behind=True, empty_for={"example.com": 1e6})
+    for task in (silent(due_at=0.0), silent("retrying", due_at=0.0)):
+        assert decide(task, NOW, CONFIG, behind) == Verdict("leave", "store_behind")
+
+
+def test_a_domain_queue_counts_as_empty_from_its_first_empty_look_until_a_look_finds_tasks() -> None:
+    since = empty_since({}, {"a": 0, "b": 3, "c": None}, now=10.0)
+    assert since == {"a": 10.0}
+    since = empty_since(since, {"a": 0, "b": 0}, now=20.0)
+    assert since == {"a": 10.0, "b": 20.0}
+    since = empty_since(since, {"a": 2, "b": 0}, now=30.0)
+    assert since == {"b": 20.0}
 
 
 @pytest.mark.parametrize("state", ["new", "queued", "stored", "dead"])

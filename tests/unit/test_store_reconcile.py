@@ -80,6 +80,17 @@ def test_a_release_starts_the_watch_and_a_retry_outcome_keeps_the_routed_task_an
     assert Task.model_validate_json(str(found["message"])).attempts == 1
 
 
+def test_a_release_arriving_after_its_own_outcome_does_not_put_the_task_back_in_flight(store: Store) -> None:
+    task = make_task()
+    submitted(store, task)
+    store.apply_event(outcome(task, "retry", at=110.0, delay=30.0))
+    store.apply_event(released(task, at=100.0))  # its batch left the governor after the fetch ended
+    found = row(store, task)
+    assert (found["state"], found["due_at"]) == ("retrying", 140.0)
+    store.apply_event(released(task, at=150.0))  # the next release, after the retry came back
+    assert (row(store, task)["state"], row(store, task)["due_at"]) == ("in_flight", 150.0)
+
+
 @pytest.mark.parametrize("next_step", ["frontier", "parse"])
 def test_a_task_back_in_its_backlog_or_on_the_parse_queue_is_not_watched(store: Store, next_step: str) -> None:
     task = make_task()
