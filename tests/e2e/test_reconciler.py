@@ -126,7 +126,7 @@ async def test_a_task_whose_message_was_lost_is_rescued_and_ends_stored(
         await supervisor.stop()
     assert (counts.stored, counts.dead, counts.rescued, counts.stalled) == (len(urls), 0, len(urls), 0)
     tasks, dead = reconciler_view(settings, "lost")
-    assert dead == []
+    assert dead == [] and [(t["state"], t["attempts"]) for t in tasks] == [("stored", 1)] * len(urls)
     # Each page was fetched once: by its rescued copy (the lost one never reached the site).
     hits = sorted(r.path for r in sandbox.site_log("north"))
     assert hits == sorted(url.removeprefix(site.base_url) for url in urls)
