@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
 from hutch.models import DeadLetter, Event, Item, Task
 
@@ -221,16 +221,15 @@ def sqlite_path(location: str) -> Path:
 class Store:
     """Blocking access to the store; one instance per thread (see AsyncStore)."""
 
-    def __init__(self, location: str, synchronous: Literal["FULL", "NORMAL"] = "FULL") -> None:
+    def __init__(self, location: str) -> None:
         self.path = sqlite_path(location)
         _private_file(self.path)
         self.db = sqlite3.connect(self.path, timeout=30.0, isolation_level=None)
         self.db.row_factory = sqlite3.Row
         self.db.execute("PRAGMA journal_mode=WAL")
         # FULL: a commit is on disk when it returns, so an item acked after its commit
-        # survives a power cut (NORMAL in WAL mode may lose the last commits). NORMAL is
-        # here for bench/store_commit.py only.
-        self.db.execute(f"PRAGMA synchronous={synchronous}")
+        # survives a power cut (NORMAL in WAL mode may lose the last commits).
+        self.db.execute("PRAGMA synchronous=FULL")
         self.db.execute("PRAGMA busy_timeout=30000")
         self._migrate()
 

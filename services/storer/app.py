@@ -36,6 +36,7 @@ log = logging.getLogger(__name__)
 # A letter the storer itself publishes names its ledger key here, so that recording it
 # locally and again from the ledger queue makes one row.
 LETTER_ID = "x-hutch-letter-id"
+PREFETCH = 256  # messages each of the item and event consumers may hold unacked
 SWEEP_LIMIT = 1000  # silent tasks looked at per sweep; the rest wait for the next one
 DOMAINS_PER_SWEEP = 200  # domain queues whose depth one sweep asks for
 
@@ -65,10 +66,11 @@ class Storer(Service):
         self._empty_since: dict[str, float] = {}  # domain queue -> first of its empty looks
         topology = self.broker.topology
         # Prefetch bounds what waits on a failing store: no more than this is taken from the
-        # broker until the store takes writes again.
-        await self.broker.consume(topology.store, Item, self._on_item, stage="store", prefetch=s.store_batch)
+        # broker until the store takes writes again. It also bounds a group's size.
+        prefetch = max(PREFETCH, s.store_batch)
+        await self.broker.consume(topology.store, Item, self._on_item, stage="store", prefetch=prefetch)
         await self.broker.consume(
-            topology.events_storer, AnyEvent, self._on_event, stage="store", prefetch=s.store_batch
+            topology.events_storer, AnyEvent, self._on_event, stage="store", prefetch=prefetch
         )
         await self.broker.consume(
             topology.ledger, DeadLetter, self._on_dead, stage="store", prefetch=32
