@@ -363,8 +363,15 @@ class Store:
             answered = self.db.execute(
                 "SELECT 1 FROM attempts WHERE task_id = ? AND at >= ? LIMIT 1", (event.task_id, event.at)
             ).fetchone()
-            if not stale and answered is None and self._transition_in_tx(event.task_id, "in_flight", None):
+            if stale or answered is not None:
+                return
+            if self._transition_in_tx(event.task_id, "in_flight", None):
                 self.db.execute("UPDATE tasks SET due_at = ? WHERE id = ?", (event.at, event.task_id))
+            else:  # in flight already (a rescue not yet finished, a lost outcome): a fresher start
+                self.db.execute(
+                    "UPDATE tasks SET due_at = ? WHERE id = ? AND state = 'in_flight' AND due_at < ?",
+                    (event.at, event.task_id, event.at),
+                )
             return
         # The attempt happened, stale copy or not: it is history. The state moves only for
         # the live copy.
@@ -508,13 +515,19 @@ class Store:
             )
             return cursor.rowcount > 0
 
-    def finish_rescue(self, task: Task) -> None:
-        """The rescued copy is confirmed in its domain queue: the task waits in its backlog."""
+    def finish_rescue(self, task: Task, claimed_at: float) -> None:
+        """The rescued copy is confirmed in its domain queue: the task waits in its backlog.
+
+        Unless the new copy's release was heard already (`due_at` moved on since the claim
+        at `claimed_at`): then it is in flight, and stays so.
+        """
         with self._tx():
+            message = task.model_dump_json(exclude_none=True)
+            self.db.execute("UPDATE tasks SET message = ? WHERE id = ?", (message, task.id))
             self.db.execute(
-                "UPDATE tasks SET state = 'queued', due_at = NULL, message = ?, updated_at = ? "
-                "WHERE id = ? AND incarnation = ? AND state IN ('in_flight', 'retrying')",
-                (task.model_dump_json(exclude_none=True), time.time(), task.id, task.incarnation),
+                "UPDATE tasks SET state = 'queued', due_at = NULL, updated_at = ? "
+                "WHERE id = ? AND incarnation = ? AND state IN ('in_flight', 'retrying') AND due_at = ?",
+                (time.time(), task.id, task.incarnation, claimed_at),
             )
 
     # -- group commit ----------------------------------------------------------------

@@ -203,7 +203,7 @@ class Storer(Service):
             # Claimed but not sent: the task is looked at again one deadline from now.
             log.warning("rescue of task %s not published: %s", task.id, exc)
             return 0
-        await self.store.run(lambda store: store.finish_rescue(task))
+        await self.store.run(lambda store: store.finish_rescue(task, now))
         log.info("rescued task %s (%s) as incarnation %d", task.id, why, task.incarnation)
         self.rescued += 1
         return 1

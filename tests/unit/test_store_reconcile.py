@@ -122,7 +122,7 @@ def test_a_rescue_raises_the_incarnation_then_queues_the_task_and_stale_events_m
     assert store.begin_rescue(lost, now=500.0)
     assert not store.begin_rescue(lost, now=500.0)  # claimed once only
     again = task.model_copy(update={"incarnation": 1})
-    store.finish_rescue(again)
+    store.finish_rescue(again, 500.0)
     found = row(store, task)
     assert (found["state"], found["incarnation"], found["rescues"], found["due_at"]) == ("queued", 1, 1, None)
     # The old copy surfaces: its release and outcome are history, not state.
@@ -136,6 +136,18 @@ def test_a_rescue_raises_the_incarnation_then_queues_the_task_and_stale_events_m
     # The new copy moves it.
     store.apply_event(released(again, at=700.0))
     assert row(store, task)["state"] == "in_flight"
+
+
+def test_a_rescued_copy_released_before_the_rescue_is_finished_stays_in_flight(store: Store) -> None:
+    task = make_task()
+    submitted(store, task)
+    store.apply_event(released(task, at=100.0))
+    (lost,) = store.silent_tasks(200.0, 0.0, 10)
+    assert store.begin_rescue(lost, now=500.0)
+    again = task.model_copy(update={"incarnation": 1})
+    store.apply_event(released(again, at=500.5))  # the governor was quick
+    store.finish_rescue(again, 500.0)
+    assert (row(store, task)["state"], row(store, task)["due_at"]) == ("in_flight", 500.5)
 
 
 def test_a_task_that_moved_after_it_was_read_is_not_claimed(store: Store) -> None:
@@ -154,7 +166,7 @@ def test_an_item_from_a_stale_copy_stores_the_task_once(store: Store) -> None:
     store.apply_event(released(task))
     (lost,) = store.silent_tasks(1e12, 0.0, 10)
     store.begin_rescue(lost, now=500.0)
-    store.finish_rescue(task.model_copy(update={"incarnation": 1}))
+    store.finish_rescue(task.model_copy(update={"incarnation": 1}), 500.0)
     for copy in (task, task.model_copy(update={"incarnation": 1})):
         store.store_item(Item(task=copy, status=200, fields={"title": "T"}, parsed_at=1.0))
     assert row(store, task)["state"] == "stored"
