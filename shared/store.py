@@ -500,8 +500,9 @@ class Store:
         ).fetchall()
         return [Silent(**dict(row)) for row in rows]
 
-    def begin_rescue(self, silent: Silent, now: float) -> bool:
-        """Claim a rescue: raise the task's incarnation and count it, if it has not moved.
+    def begin_rescue(self, silent: Silent, rescued: Task, now: float) -> bool:
+        """Claim a rescue: record `rescued` (the new incarnation) as the task's message and
+        count the rescue, if the task has not moved since it was read.
 
         Done before the republish, so a copy that surfaces from now on is stale. `due_at`
         restarts now: if the republish fails, the task is looked at again one deadline later.
@@ -509,9 +510,18 @@ class Store:
         """
         with self._tx():
             cursor = self.db.execute(
-                "UPDATE tasks SET incarnation = incarnation + 1, rescues = rescues + 1, due_at = ?, "
+                "UPDATE tasks SET incarnation = ?, message = ?, rescues = rescues + 1, due_at = ?, "
                 "updated_at = ? WHERE id = ? AND state = ? AND incarnation = ? AND due_at = ?",
-                (now, now, silent.id, silent.state, silent.incarnation, silent.due_at),
+                (
+                    rescued.incarnation,
+                    rescued.model_dump_json(exclude_none=True),
+                    now,
+                    now,
+                    silent.id,
+                    silent.state,
+                    silent.incarnation,
+                    silent.due_at,
+                ),
             )
             return cursor.rowcount > 0
 
@@ -522,8 +532,6 @@ class Store:
         at `claimed_at`): then it is in flight, and stays so.
         """
         with self._tx():
-            message = task.model_dump_json(exclude_none=True)
-            self.db.execute("UPDATE tasks SET message = ? WHERE id = ?", (message, task.id))
             self.db.execute(
                 "UPDATE tasks SET state = 'queued', due_at = NULL, updated_at = ? "
                 "WHERE id = ? AND incarnation = ? AND state IN ('in_flight', 'retrying') AND due_at = ?",

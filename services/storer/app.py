@@ -184,10 +184,10 @@ class Storer(Service):
         return result.message_count or 0, result.consumer_count or 0
 
     async def _rescue(self, silent: Silent, why: str, now: float) -> int:
-        claimed = await self.store.run(lambda store: store.begin_rescue(silent, now))
+        task = reconcile.rebuild(silent, silent.incarnation + 1)
+        claimed = await self.store.run(lambda store: store.begin_rescue(silent, task, now))
         if not claimed:
             return 0  # it moved since the store was read
-        task = reconcile.rebuild(silent, silent.incarnation + 1)
         topology = self.broker.topology
         try:
             # The governors hear of the new incarnation first, so a stale copy they take

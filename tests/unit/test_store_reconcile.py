@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from hutch.models import DeadLetter, Event, Item, Task, task_id
-from hutch.store import _SCHEMA, SCHEMA_VERSION, Store
+from hutch.store import _SCHEMA, SCHEMA_VERSION, Silent, Store
 
 JOB = "books"
 
@@ -44,6 +44,11 @@ def store(tmp_path: Path) -> Iterator[Store]:
     s = Store(str(tmp_path / "data" / "hutch.sqlite3"))
     yield s
     s.close()
+
+
+def lost_again(lost: Silent) -> Task:
+    """The copy a rescue of `lost` republishes."""
+    return make_task(lost.url, incarnation=lost.incarnation + 1)
 
 
 def submitted(store: Store, task: Task) -> None:
@@ -119,12 +124,13 @@ def test_a_rescue_raises_the_incarnation_then_queues_the_task_and_stale_events_m
     submitted(store, task)
     store.apply_event(released(task, at=100.0))
     (lost,) = store.silent_tasks(200.0, 0.0, 10)
-    assert store.begin_rescue(lost, now=500.0)
-    assert not store.begin_rescue(lost, now=500.0)  # claimed once only
+    assert store.begin_rescue(lost, lost_again(lost), now=500.0)
+    assert not store.begin_rescue(lost, lost_again(lost), now=500.0)  # claimed once only
     again = task.model_copy(update={"incarnation": 1})
     store.finish_rescue(again, 500.0)
     found = row(store, task)
     assert (found["state"], found["incarnation"], found["rescues"], found["due_at"]) == ("queued", 1, 1, None)
+    assert Task.model_validate_json(str(found["message"])) == again  # the copy republished
     # The old copy surfaces: its release and outcome are history, not state.
     store.apply_event(released(task, at=600.0))
     store.apply_event(outcome(task, "retry", at=610.0, delay=1.0))
@@ -143,7 +149,7 @@ def test_a_rescued_copy_released_before_the_rescue_is_finished_stays_in_flight(s
     submitted(store, task)
     store.apply_event(released(task, at=100.0))
     (lost,) = store.silent_tasks(200.0, 0.0, 10)
-    assert store.begin_rescue(lost, now=500.0)
+    assert store.begin_rescue(lost, lost_again(lost), now=500.0)
     again = task.model_copy(update={"incarnation": 1})
     store.apply_event(released(again, at=500.5))  # the governor was quick
     store.finish_rescue(again, 500.0)
@@ -156,7 +162,7 @@ def test_a_task_that_moved_after_it_was_read_is_not_claimed(store: Store) -> Non
     store.apply_event(released(task, at=100.0))
     (lost,) = store.silent_tasks(200.0, 0.0, 10)
     store.apply_event(outcome(task, "retry", at=300.0, delay=1.0))
-    assert not store.begin_rescue(lost, now=500.0)
+    assert not store.begin_rescue(lost, lost_again(lost), now=500.0)
     assert row(store, task)["incarnation"] == 0
 
 
@@ -165,7 +171,7 @@ def test_an_item_from_a_stale_copy_stores_the_task_once(store: Store) -> None:
     submitted(store, task)
     store.apply_event(released(task))
     (lost,) = store.silent_tasks(1e12, 0.0, 10)
-    store.begin_rescue(lost, now=500.0)
+    store.begin_rescue(lost, lost_again(lost), now=500.0)
     store.finish_rescue(task.model_copy(update={"incarnation": 1}), 500.0)
     for copy in (task, task.model_copy(update={"incarnation": 1})):
         store.store_item(Item(task=copy, status=200, fields={"title": "T"}, parsed_at=1.0))
@@ -179,7 +185,7 @@ def test_counts_show_tasks_rescued_and_tasks_stalled(store: Store) -> None:
         submitted(store, task)
         store.apply_event(released(task))
         (lost,) = [t for t in store.silent_tasks(1e12, 0.0, 10) if t.id == task.id]
-        store.begin_rescue(lost, now=500.0)
+        store.begin_rescue(lost, lost_again(lost), now=500.0)
     stalled = DeadLetter(stage="reconcile", reason="stalled", task=b.model_copy(update={"incarnation": 1}))
     store.record_dead(stalled, "s")
     (counts,) = store.counts(JOB)
@@ -191,7 +197,7 @@ def test_a_replayed_stalled_task_gets_its_rescues_back(store: Store) -> None:
     submitted(store, task)
     store.apply_event(released(task))
     (lost,) = store.silent_tasks(1e12, 0.0, 10)
-    store.begin_rescue(lost, now=500.0)
+    store.begin_rescue(lost, lost_again(lost), now=500.0)
     stalled = DeadLetter(stage="reconcile", reason="stalled", task=task.model_copy(update={"incarnation": 1}))
     store.record_dead(stalled, "s")
     (entry,) = store.dead_entries(job=JOB)
