@@ -8,7 +8,8 @@ because every consumer is at-least-once: a redelivered message must change nothi
 A task moves through `new` (recorded, not yet confirmed on the broker) -> `queued` ->
 `in_flight` (holds a permit) <-> `retrying` -> `stored` | `dead`. Events from different
 services can arrive out of order, so a transition applies only from the states listed in
-`_FROM`: a late `released` event never drags a stored task back to in flight.
+`_FROM`: a late `released` event never drags a stored task back to in flight. The
+reconciler alone moves a lost task from `in_flight` or `retrying` back to `queued`.
 
 Each task row also keeps the task's latest message (as submitted, then as the fetcher last
 routed it), its incarnation and `due_at`, so the reconciler (`hutch.services.storer.reconcile`)
