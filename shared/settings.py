@@ -164,7 +164,18 @@ class Settings(BaseSettings):
         return value
 
     # Parser
-    parse_workers: int = Field(2, description="threads that run extraction off the event loop")
+    parse_workers: int = Field(
+        2, ge=1, description="worker processes that run extraction, each killed and replaced past its time limit"
+    )
+    parse_timeout: float = Field(
+        10.0, gt=0, description="seconds extraction of one page may take before it goes dead (parse_timeout)"
+    )
+    max_item_bytes: int = Field(
+        1024 * 1024, gt=0, description="largest item, as JSON of its fields; over it (item_too_large)"
+    )
+    parse_memory_mb: int = Field(
+        512, ge=0, description="MiB of address space a parse worker may add to its own (parse_memory); 0 = no cap"
+    )
 
     @field_validator("retry_delays", mode="before")
     @classmethod
