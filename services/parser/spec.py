@@ -62,7 +62,7 @@ class _SpecLoader(yaml.SafeLoader):
 
     def compose_node(self, parent: Any, index: Any) -> Any:
         if self.check_event(yaml.AliasEvent):
-            mark = self.peek_event().start_mark
+            mark = self.peek_event().start_mark  # type: ignore[no-untyped-call]
             raise yaml.composer.ComposerError(None, None, "aliases (*name) are not allowed in a spec", mark)
         return super().compose_node(parent, index)
 
