@@ -17,8 +17,9 @@ its own: one `multiprocessing.Process` per slot, talking over a pipe.
   answer is the item's JSON itself, so the per-item byte cap is measured on exactly what is
   stored, and `recv_bytes` refuses anything longer.
 - A worker caps its own address space (`RLIMIT_AS`) at what it had at start plus
-  `memory_bytes`: a page that would take more raises MemoryError in the worker, which answers
-  `parse_memory` and is replaced; a worker that dies any other way gives `parse_crash`.
+  `memory_bytes`: a page that would take more raises MemoryError in the worker (or, inside
+  libxml2, a parser error logged as `ERR_NO_MEMORY`), which answers `parse_memory` and is
+  replaced; a worker that dies any other way gives `parse_crash`.
 - Each call waits for its answer in a thread (`Connection.poll(timeout)`), so the event loop
   never blocks on a pipe; slots go back to the idle queue only when that thread is done, even
   if the awaiting task was cancelled.
@@ -95,7 +96,19 @@ def answer(request: bytes, max_item_bytes: int) -> bytes:
     except MemoryError:
         return _failure("parse_memory", "the worker's memory cap was reached")
     except Exception as exc:
+        if _libxml2_out_of_memory(exc):
+            return _failure("parse_memory", "the worker's memory cap was reached inside libxml2")
         return _failure("parse_error", f"{type(exc).__name__}: {exc}")
+
+
+def _libxml2_out_of_memory(exc: Exception) -> bool:
+    """libxml2 reports a failed allocation as a parser error, `ERR_NO_MEMORY` in its log."""
+    from lxml import etree
+
+    log = getattr(exc, "error_log", None)
+    if not isinstance(log, etree._ListErrorLog):
+        return False
+    return len(log.filter_types([etree.ErrorTypes.ERR_NO_MEMORY])) > 0
 
 
 def _failure(reason: Failure, detail: str) -> bytes:
