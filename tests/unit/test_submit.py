@@ -47,7 +47,11 @@ def test_an_invalid_line_refuses_the_file_with_its_line_number(tmp_path: Path) -
     [
         ("http://a b.example/", "white space"),
         ("http:///nohost", "no host"),
-        ("http://a.example:99999/", "malformed"),
+        ("http://a.example:99999/", "port"),
+        ("http://a..example.com/x", "not a valid domain name"),
+        ("http://xn--/x", "not a valid domain name"),
+        ("http://u:p@a.example/", "credentials"),
+        ("http://a.example/\x1b[2J", "control character"),
     ],
 )
 def test_the_refusal_says_why_the_line_is_invalid(tmp_path: Path, line: str, why: str) -> None:
@@ -109,3 +113,18 @@ def test_valid_urls_yields_the_urls_check_urls_counted(tmp_path: Path) -> None:
     path = url_file(tmp_path, "# c\n  http://a.example/1 \nftp://x/\n\nhttp://b.example/2\n")
     assert list(valid_urls(path)) == ["http://a.example/1", "http://b.example/2"]
     assert check_urls(path, skip_invalid=True).valid == 2
+
+
+def test_a_line_over_the_url_byte_cap_is_refused_with_its_line_number(tmp_path: Path) -> None:
+    path = url_file(tmp_path, "http://a.example/1\nhttp://a.example/" + "x" * 100 + "\n")
+    with pytest.raises(UrlFileError, match=r"line 2: URL is 117 bytes, over the limit of 64"):
+        check_urls(path, max_url_bytes=64)
+    assert list(valid_urls(path, max_url_bytes=64)) == ["http://a.example/1"]
+
+
+def test_skip_invalid_refuses_nothing_it_lists_the_malformed_hosts_of_issue_10(tmp_path: Path) -> None:
+    bad = ["http://a..example.com/x", f"http://{'a' * 70}.example/x", "http://xn--/x"]
+    path = url_file(tmp_path, "\n".join(["http://ok.example/", *bad]) + "\n")
+    checked = check_urls(path, skip_invalid=True)
+    assert checked.valid == 1
+    assert [number for number, _, _ in checked.skipped] == [2, 3, 4]
