@@ -13,6 +13,7 @@ from the job and the URL).
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,10 +25,31 @@ from hutch.store import AsyncStore
 from hutch.urls import DEFAULT_MAX_URL_BYTES, InvalidURL, check_url
 
 BATCH = 500
+# A job name becomes a file name (`<data dir>/<job>.jsonl`): no separator, no `..`, no control.
+JOB_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,99}")
 
 
 class UrlFileError(ValueError):
     """A URL file that cannot be submitted as it is."""
+
+
+class JobNameError(ValueError):
+    """A job name outside the rule of `check_job_name`."""
+
+
+def check_job_name(name: str) -> str:
+    """`name` when it is a valid job name: 1-100 letters, digits, `.`, `_`, `-`, no leading dot."""
+    if not JOB_NAME.fullmatch(name):
+        raise JobNameError(
+            f"invalid job name {name[:120]!r}: use 1 to 100 letters, digits, '.', '_' or '-', not starting with a dot"
+        )
+    return name
+
+
+def default_job_name(path: Path) -> str:
+    """A valid job name from a URL file's name: its stem, other characters replaced by `-`."""
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", path.stem).lstrip(".")[:100]
+    return name or "job"
 
 
 @dataclass
@@ -99,6 +121,7 @@ async def submit(
     Each task holds its URL as the validator normalised it (the form the fetcher sends, see
     hutch.urls), and its id derives from that form; an invalid URL raises InvalidURL.
     """
+    check_job_name(job)
     spec_data = spec.model_dump() if spec else None
     await store.run(lambda s: s.add_job(job, spec_data))
     result = Submitted(job, 0, 0, 0)
