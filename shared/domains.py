@@ -8,21 +8,27 @@ and `https://example.com/b` are one.
 
 A domain also names AMQP objects: its frontier routing key, its queue and its event keys.
 AMQP caps each of those at 255 bytes (a short string), and a valid host with a port is up
-to 259, so a name that would be longer keeps a readable head and ends in a hash of the
-whole (`shortstr`). The mapping is a pure function of the name, so every service derives
+to 259; the client library (pamqp) also refuses a queue name with characters outside
+`A-Za-z0-9-_.:@#,/+ `, such as an IPv6 literal's brackets. So a name that is too long or
+holds other characters keeps a readable head, with those characters as `_`, and ends in `_`
+and a hash of the whole (`amqp_name`). `_` is in no valid host name, so a mangled name never
+equals a plain one. The mapping is a pure function of the name, so every service derives
 the same one; nothing reads a domain back out of a name (messages carry their domain).
 """
 
 from __future__ import annotations
 
 import hashlib
+import re
 
 from hutch.urls import InvalidURL, check_url
 
-__all__ = ["MAX_NAME_BYTES", "InvalidURL", "domain_of", "event_key", "routing_key", "shortstr"]
+__all__ = ["MAX_NAME_BYTES", "InvalidURL", "amqp_name", "domain_of", "event_key", "routing_key"]
 
 MAX_NAME_BYTES = 255  # AMQP short string: queue names, exchange names, routing keys
 HASH_CHARS = 24  # hex digits of SHA-256 kept: 96 bits, no collision among any real set of domains
+_PLAIN = re.compile(r"[A-Za-z0-9._:-]*")  # what every name may hold as it is
+_OTHER = re.compile(r"[^A-Za-z0-9._:-]")
 
 
 def domain_of(url: str) -> str:
@@ -30,21 +36,20 @@ def domain_of(url: str) -> str:
     return check_url(url).domain
 
 
-def shortstr(name: str) -> str:
-    """`name` itself when it fits in an AMQP short string, else a readable head + `~` + a hash."""
-    data = name.encode("utf-8")
-    if len(data) <= MAX_NAME_BYTES:
-        return name
-    digest = hashlib.sha256(data).hexdigest()[:HASH_CHARS]
-    head = data[: MAX_NAME_BYTES - HASH_CHARS - 1].decode("utf-8", "ignore")
-    return f"{head}~{digest}"
+def amqp_name(name: str) -> str:
+    """`name` itself when short and plain enough for AMQP, else a readable head + `_` + a hash."""
+    if len(name) <= MAX_NAME_BYTES and _PLAIN.fullmatch(name):
+        return name  # plain characters are ASCII: as many bytes as characters
+    digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:HASH_CHARS]
+    head = _OTHER.sub("_", name)[: MAX_NAME_BYTES - HASH_CHARS - 1]
+    return f"{head}_{digest}"
 
 
 def routing_key(domain: str) -> str:
     """The frontier routing key of a domain (`d.<domain>`, hashed when too long)."""
-    return shortstr(f"d.{domain}")
+    return amqp_name(f"d.{domain}")
 
 
 def event_key(kind: str, domain: str) -> str:
     """The events-exchange key of a domain's event (`outcome.<domain>`, `robots.<domain>`)."""
-    return shortstr(f"{kind}.{domain}")
+    return amqp_name(f"{kind}.{domain}")

@@ -8,7 +8,7 @@ name rather than a clash with queues already on a broker.
 
 Shape (see the design card):
 - `frontier` (direct, alternate exchange `frontier.unrouted`): key `d.<domain>`, one durable
-  queue `frontier.d.<domain>` per domain (either name hashed past 255 bytes: hutch.domains),
+  queue `frontier.d.<domain>` per domain (either name hashed when too long: hutch.domains),
   created by the governor when a message for a new domain falls through to
   `frontier.unrouted`, and recorded in the `domains` stream.
 - `work` (direct): `fetch.ready`, `parse`, `store` queues under their own names as keys.
@@ -29,7 +29,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from hutch.domains import routing_key, shortstr
+from hutch.domains import amqp_name, routing_key
 
 VERSION = "v2"
 ExchangeType = Literal["direct", "fanout", "topic"]
@@ -114,8 +114,8 @@ class Topology:
         args = self._durable_args()
         args["x-single-active-consumer"] = True
         return QueueSpec(
-            # Within AMQP's 255 bytes for any namespace: a long domain's name ends in a hash.
-            name=shortstr(f"{self.frontier}.d.{domain}"),
+            # A valid AMQP name for any domain and namespace: a long one ends in a hash.
+            name=amqp_name(f"{self.frontier}.d.{domain}"),
             arguments=args,
             bindings=((self.frontier, routing_key(domain)),),
         )

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from pamqp.constants import DOMAIN_REGEX
+from pydantic import ValidationError
 
-from hutch.domains import MAX_NAME_BYTES, InvalidURL, domain_of, event_key, routing_key, shortstr
+from hutch.domains import MAX_NAME_BYTES, InvalidURL, amqp_name, domain_of, event_key, routing_key
+from hutch.settings import Settings
 from hutch.topology import Topology
 
 # -- default and explicit ports ------------------------------------------------------------------
@@ -120,29 +123,43 @@ def test_event_keys_name_the_kind_and_the_domain() -> None:
 LONGEST = ".".join(["a" * 63, "b" * 63, "c" * 63, "d" * 61]) + ":65535"  # 253-byte host and a port
 
 
+def amqp_accepts(name: str) -> bool:
+    """What the client library checks before it sends a queue name (and RabbitMQ's 255 bytes)."""
+    return len(name.encode()) <= MAX_NAME_BYTES and bool(DOMAIN_REGEX["queue-name"].fullmatch(name))
+
+
 def test_a_name_that_fits_is_kept_as_it_is() -> None:
     name = "x" * MAX_NAME_BYTES
-    assert shortstr(name) == name
+    assert amqp_name(name) == name
+    assert amqp_name("acme.v2.frontier.d.127.0.0.1:8001") == "acme.v2.frontier.d.127.0.0.1:8001"
 
 
 def test_a_name_over_255_bytes_is_cut_to_255_with_a_hash_of_the_whole() -> None:
     name = "q." + LONGEST
-    short = shortstr(name)
-    assert len(short.encode()) == MAX_NAME_BYTES
-    assert short.startswith("q.aaaa") and "~" in short
+    short = amqp_name(name)
+    assert len(short.encode()) == MAX_NAME_BYTES and amqp_accepts(short)
+    assert short.startswith("q.aaaa") and short[-25] == "_"
 
 
 def test_the_hashed_name_is_deterministic_and_tells_apart_names_with_one_head() -> None:
     one, two = "d." + LONGEST, "d." + LONGEST.replace("65535", "65534")
-    assert shortstr(one) == shortstr(one)
-    assert shortstr(one) != shortstr(two)
-    assert shortstr(one)[:200] == shortstr(two)[:200]
+    assert amqp_name(one) == amqp_name(one)
+    assert amqp_name(one) != amqp_name(two)
+    assert amqp_name(one)[:200] == amqp_name(two)[:200]
 
 
-def test_a_multibyte_name_is_cut_on_a_character_boundary() -> None:
-    short = shortstr("é" * 200)
-    assert len(short.encode()) <= MAX_NAME_BYTES
-    short.encode().decode("utf-8")
+@pytest.mark.parametrize("domain", ["[::1]:8080", "[2001:db8::1]", "\u00e9" * 200])
+def test_a_name_with_characters_amqp_refuses_is_made_plain_and_hashed(domain: str) -> None:
+    name = amqp_name(f"acme.v2.frontier.d.{domain}")
+    assert amqp_accepts(name)
+    assert name != amqp_name(f"acme.v2.frontier.d.{domain}x")
+
+
+def test_a_mangled_name_never_equals_the_name_of_a_valid_domain() -> None:
+    # `_` is in no valid host: `[::1]` cannot come out as some host's plain name.
+    assert "_" in amqp_name("d.[::1]")
+    with pytest.raises(InvalidURL):
+        domain_of("http://" + amqp_name("d.[::1]")[2:] + "/")
 
 
 def test_routing_and_event_keys_of_the_longest_domain_fit_an_amqp_short_string() -> None:
@@ -155,11 +172,23 @@ def test_routing_and_event_keys_of_the_longest_domain_fit_an_amqp_short_string()
 def test_a_253_byte_host_under_a_200_character_namespace_gives_names_within_255_bytes(namespace: str) -> None:
     topology = Topology(namespace)
     queue = topology.domain_queue(LONGEST)
-    assert len(queue.name.encode()) <= MAX_NAME_BYTES
+    assert amqp_accepts(queue.name)
     assert all(len(key.encode()) <= MAX_NAME_BYTES for _, key in queue.bindings)
-    assert all(len(name.encode()) <= MAX_NAME_BYTES for name in topology.all_queue_names([LONGEST]))
+    assert all(amqp_accepts(name) for name in topology.all_queue_names([LONGEST, "[::1]:8080"]))
     assert queue.name == Topology(namespace).domain_queue(LONGEST).name  # every service agrees
 
 
 def test_a_short_domain_keeps_its_readable_queue_name() -> None:
     assert Topology("acme").domain_queue("example.com").name == "acme.v2.frontier.d.example.com"
+
+
+def test_the_longest_namespace_settings_allow_keeps_every_exchange_within_amqps_127() -> None:
+    topology = Topology(Settings(namespace="n" * 100).namespace)
+    assert all(len(exchange.name) <= 127 for exchange in topology.exchanges)
+    assert all(len(name.encode()) <= MAX_NAME_BYTES for name in topology.all_queue_names([LONGEST]))
+
+
+@pytest.mark.parametrize("namespace", ["", "n" * 101, "a/b", "a b", "x\x1b"])
+def test_a_namespace_that_could_not_name_an_exchange_is_refused(namespace: str) -> None:
+    with pytest.raises(ValidationError):
+        Settings(namespace=namespace)
