@@ -28,8 +28,13 @@ class Settings(BaseSettings):
     amqp_url: str = Field(
         "amqp://guest:guest@127.0.0.1:5672/", description="RabbitMQ URL (credentials never logged)"
     )
+    # AMQP caps exchange names at 127 characters: 100 leave room for the longest suffix.
     namespace: str = Field(
-        "hutch", min_length=1, max_length=200, description="prefix of every exchange and queue name"
+        "hutch",
+        min_length=1,
+        max_length=100,
+        pattern=r"^[A-Za-z0-9._:-]+$",
+        description="prefix of every exchange and queue name",
     )
     queue_type: Literal["classic", "quorum"] = Field(
         "classic", description="classic on one node, quorum on a cluster"
