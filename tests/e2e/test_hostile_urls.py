@@ -20,7 +20,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
+import httpx
 import pytest
 
 from hutch.admin import delete_namespace
@@ -43,7 +45,15 @@ JOB = "hostile-urls"
 SETTLE = 90.0  # seconds: every task must be stored or dead by then
 # 4 labels of 60 + 3 dots + ".test" = 248 bytes; with a port the domain key is 254 bytes.
 LONG_HOST = ".".join(f"{c}" * 60 for c in "wxyz") + ".test"
-ROWS = {name: f"/hostile/{name}" for name in TARGETS} | {"loop": "/loop/0", "long_host": "/page/1"}
+ROWS = {name: f"/hostile/{name}" for name in TARGETS} | {
+    "loop": "/loop/0",
+    "long_host": "/page/1",
+    "mapped_submit": "/page/1",
+    "mapped_redirect": "/page/2",
+}
+# Hosts valid only through UTS 46 mapping; httpx alone (IDNA 2008, no mapping) refuses both.
+FULL_WIDTH = "\uff53\uff48\uff4f\uff50.test"  # full-width "shop": maps to shop.test
+ORDINAL = "\u00aashop.test"  # feminine ordinal a: maps to ashop.test
 
 
 @dataclass
@@ -120,11 +130,12 @@ async def run_job(settings: Settings) -> Run:
         port = site.port
         urls = {row: site.base_url + path for row, path in ROWS.items()}
         urls["long_host"] = f"http://{LONG_HOST}:{port}/page/1"
+        urls["mapped_submit"] = f"http://{FULL_WIDTH}:{port}/page/1"
+        target = quote(f"http://{ORDINAL}:{port}/page/2", safe="")
+        urls["mapped_redirect"] = f"{site.base_url}/hostile/redirect-raw?to={target}"
         env = settings.to_env(os.environ)
-        env.update(
-            HUTCH_ALLOWED_TARGETS=",".join(sandbox.allowed_targets()),
-            HUTCH_RESOLVE=f"{LONG_HOST}:{port}:127.0.0.1",
-        )
+        resolve = [f"{host}:{port}:127.0.0.1" for host in (LONG_HOST, "shop.test", "ashop.test")]
+        env.update(HUTCH_ALLOWED_TARGETS=",".join(sandbox.allowed_targets()), HUTCH_RESOLVE=",".join(resolve))
         logs = sys.stderr if os.environ.get("HUTCH_TEST_LOGS") else None
         supervisor = Supervisor(env, fetchers=1, grace=2.0, out=logs)
         await supervisor.start()
@@ -150,6 +161,7 @@ async def run_job(settings: Settings) -> Run:
         dead = {d["url"]: d for d in store.dead_entries(job=JOB)}
     finally:
         store.close()
+    urls = {row: check_url(url).url for row, url in urls.items()}  # as submit stores them
     results = {
         row: Result(url, tasks[url]["state"], dead.get(url), items.get(url)) for row, url in urls.items()
     }
@@ -215,3 +227,21 @@ def test_a_host_of_248_bytes_gets_its_own_hashed_domain_queue_and_is_stored(run:
     assert len(run.long_queue.encode()) <= 255 and run.long_queue[-25] == "_"  # hashed
     assert len(routing_key(run.long_domain).encode()) <= 255
     assert run.long_queue_depth == 0  # created by the governor, drained by it
+
+
+def test_a_submitted_host_valid_only_through_uts46_mapping_is_fetched_in_its_mapped_form(run: Run) -> None:
+    r = run.results["mapped_submit"]
+    assert r.url.startswith("http://shop.test:")
+    assert r.state == "stored" and r.item is not None, (r.state, r.dead)
+    assert r.item["url"] == r.url
+
+
+def test_a_redirect_to_a_host_valid_only_through_uts46_mapping_follows_its_mapped_form(run: Run) -> None:
+    r = run.results["mapped_redirect"]
+    assert r.state == "stored" and r.item is not None, (r.state, r.dead)
+
+
+@pytest.mark.parametrize("host", [FULL_WIDTH, ORDINAL])
+def test_httpx_alone_would_refuse_those_hosts_so_the_mapping_is_what_made_them_work(host: str) -> None:
+    with pytest.raises(httpx.InvalidURL):
+        httpx.URL(f"http://{host}/")

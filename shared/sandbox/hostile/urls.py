@@ -3,7 +3,9 @@
 Each route answers one 302 whose `Location` breaks one rule of the URL validator (or, for
 the metadata address, the SSRF guard). Before the validator, the four malformed hosts reached
 the resolver, which raised where nothing expected it, and their tasks never ended. The
-redirect loop is `/loop/0` on every site.
+redirect loop is `/loop/0` on every site. `redirect-raw?to=X` sends `X` exactly as given
+(Latin-1 on the wire, as a site may), unlike `/redirect`, which percent-encodes it: a host
+that only UTS 46 mapping makes valid (`ªshop.test` is `ashop.test`) reaches the fetcher as is.
 """
 
 from __future__ import annotations
@@ -39,3 +41,13 @@ def _register(name: str, target: str) -> None:
 
 for _name, _target in TARGETS.items():
     _register(_name, _target)
+
+
+@route("redirect-raw")
+def raw(query: dict[str, str]) -> Outcome:
+    target = query.get("to", "")
+    try:
+        target.encode("latin-1")
+    except UnicodeEncodeError:
+        return Reply(400, b"?to= must be Latin-1\n")
+    return _redirect(target)
