@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import idna
 import pytest
 
 from hutch.urls import DEFAULT_MAX_URL_BYTES, CheckedURL, InvalidURL, check_url
@@ -148,3 +149,20 @@ def test_the_error_message_escapes_control_characters_and_is_cut_short() -> None
 
 def test_invalid_url_is_a_value_error() -> None:
     assert issubclass(InvalidURL, ValueError)
+
+
+@pytest.mark.parametrize(
+    "host",
+    ["example.com", "Example.COM.", "a-b.c-d.example", "a" * 63 + ".example", "0day.example", "x.y.z.w", "a1-b2.c3",
+     "ab--c.example", "xn--bcher-kva.example", "-a.example", "a-.example", "a" * 64 + ".example", "a_b.example"],
+)
+def test_the_fast_path_for_plain_ascii_hosts_agrees_with_idna(host: str) -> None:
+    try:
+        expected: str | None = idna.encode(host, uts46=True).decode("ascii").removesuffix(".")
+    except idna.IDNAError:
+        expected = None
+    try:
+        found: str | None = check_url(f"http://{host}/").domain
+    except InvalidURL:
+        found = None
+    assert found == expected
