@@ -28,7 +28,14 @@ class Settings(BaseSettings):
     amqp_url: str = Field(
         "amqp://guest:guest@127.0.0.1:5672/", description="RabbitMQ URL (credentials never logged)"
     )
-    namespace: str = Field("hutch", description="prefix of every exchange and queue name")
+    # AMQP caps exchange names at 127 characters: 100 leave room for the longest suffix.
+    namespace: str = Field(
+        "hutch",
+        min_length=1,
+        max_length=100,
+        pattern=r"^[A-Za-z0-9._:-]+$",
+        description="prefix of every exchange and queue name",
+    )
     queue_type: Literal["classic", "quorum"] = Field(
         "classic", description="classic on one node, quorum on a cluster"
     )
@@ -95,6 +102,9 @@ class Settings(BaseSettings):
         5 * 1024 * 1024, description="largest decoded response body accepted"
     )
     max_redirects: int = Field(5, description="redirects followed per task, each a new attempt")
+    max_url_bytes: int = Field(
+        8192, ge=64, description="longest URL accepted, in bytes: each URL submitted and each redirect target"
+    )
     max_attempts: int = Field(5, description="attempts a task may spend before it goes dead")
     max_pause: float = Field(
         600.0, description="longest site-requested wait (Retry-After) that spends no attempt"

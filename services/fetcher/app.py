@@ -22,13 +22,14 @@ import time
 import httpx
 
 from hutch.amqp import Delivery, RpcClient
-from hutch.domains import InvalidURL, domain_of, routing_key
+from hutch.domains import event_key, routing_key
 from hutch.models import Attempt, Event, FetcherHeartbeat, Lease, LeaseRequest, Page, RobotsFetched, Task
 from hutch.service import Service
 from hutch.services.fetcher.charsets import decode_body
 from hutch.services.fetcher.fetch import fetch, make_client
 from hutch.services.fetcher.guard import TargetGuard, parse_overrides
 from hutch.services.fetcher.policy import Decision, FetchResult, decide, load_policy
+from hutch.urls import InvalidURL, check_url
 
 log = logging.getLogger(__name__)
 HEARTBEAT = 1.0  # seconds
@@ -187,7 +188,7 @@ class Fetcher(Service):
             text=text[:512 * 1024],
             outcome=result.outcome,
         )
-        await self.broker.publish(self.broker.topology.events, f"robots.{task.domain}", robots)
+        await self.broker.publish(self.broker.topology.events, event_key("robots", task.domain), robots)
         await self._event(task, result.outcome, "dead", status=result.status, lease=lease, elapsed=result.elapsed)
 
     async def _route(self, task: Task, lease: Lease, result: FetchResult, decision: Decision) -> None:
@@ -217,11 +218,14 @@ class Fetcher(Service):
         action = decision.action
         reason, detail = decision.reason, decision.detail or result.detail
         if decision.reason == "redirect":
+            # Every hop goes through the one URL validator and the next attempt fetches its
+            # normalised form, so the guard and the request see the same host.
             try:
-                target = result.location or ""
-                update.update(fetch_url=target, domain=domain_of(target), redirects=task.redirects + 1)
+                target = check_url(result.location or "", self.settings.max_url_bytes)
+                update.update(fetch_url=target.url, domain=target.domain, redirects=task.redirects + 1)
             except InvalidURL as exc:
-                action, reason, detail = "dead", "invalid_url", f"redirect to {exc}"
+                hop = f"redirect {task.redirects + 1} from {task.fetch_url or task.url}"
+                action, reason, detail = "dead", "invalid_url", f"{hop}: {exc}"
             if task.redirects + 1 > self.settings.max_redirects:
                 action, reason, detail = "dead", "redirects", f"more than {self.settings.max_redirects} redirects"
         task = task.model_copy(update=update)
@@ -284,7 +288,7 @@ class Fetcher(Service):
             next=next_step,  # type: ignore[arg-type]
             delay=delay,
         )
-        await self.broker.publish(self.broker.topology.events, f"outcome.{task.domain}", event)
+        await self.broker.publish(self.broker.topology.events, event_key("outcome", task.domain), event)
 
 
 SERVICE = Fetcher

@@ -40,6 +40,23 @@ class BodyTooLarge(Exception):
     pass
 
 
+LOCATION = "hutch.location"  # where a redirect's raw Location waits for the URL validator
+
+
+async def _hold_location(response: httpx.Response) -> None:
+    """Move a redirect's Location out of httpx's reach, into the response's extensions.
+
+    Even with redirects off, httpx parses a redirect target itself (for `next_request`) and
+    raises on a malformed one (an IDNA error, a control character) before the response is
+    handed back, so the task never learnt why. Hutch checks every hop with its own URL
+    validator instead (see hutch.urls), which needs the header as the site sent it.
+    """
+    location = response.headers.get("location")
+    if location is not None:
+        response.extensions[LOCATION] = location
+        del response.headers["location"]
+
+
 def make_client(
     *,
     proxy: str | None,
@@ -65,6 +82,7 @@ def make_client(
         headers={"User-Agent": user_agent},
         timeout=httpx.Timeout(connect=connect_timeout, read=read_timeout, write=read_timeout, pool=connect_timeout),
         follow_redirects=False,
+        event_hooks={"response": [_hold_location]},
         trust_env=False,  # never pick up HTTP_PROXY and friends behind the proxy-manager's back
     )
 
@@ -124,10 +142,13 @@ async def fetch(
                 outcome = outcome_of_status(status)
                 location = None
                 if outcome == "redirect":
-                    target = response.headers.get("location")
+                    target = response.extensions.get(LOCATION)
                     if not target:
                         return FetchResult("client_error", elapsed(), status=status, detail="redirect without Location")
-                    location = urljoin(url, target)
+                    try:
+                        location = urljoin(url, target)
+                    except ValueError:  # unparseable: the fetcher's URL validator says why
+                        location = target
                     return FetchResult("redirect", elapsed(), status=status, location=location, detail=f"-> {location}")
                 chunks: list[bytes] = []
                 size = 0
