@@ -94,6 +94,12 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(
         5 * 1024 * 1024, description="largest decoded response body accepted"
     )
+    max_content_encodings: int = Field(
+        2, ge=0, description="content encodings stacked on one body that are undone; more is bad_encoding"
+    )
+    ca_file: Path | None = Field(
+        None, description="PEM file of the only CAs fetches trust over TLS; default the system store"
+    )
     max_redirects: int = Field(5, description="redirects followed per task, each a new attempt")
     max_attempts: int = Field(5, description="attempts a task may spend before it goes dead")
     max_pause: float = Field(

@@ -38,6 +38,7 @@ SAMPLES: dict[str, tuple[float | None, float | None]] = {
     "not_found": (1.0, 1.0),
     "client_error": (1.0, 1.0),
     "too_large": (1.0, 1.0),
+    "bad_encoding": (1.0, 1.0),
     "redirect": (1.0, 1.0),
     "redirects": (1.0, 1.0),
     "blocked": (1.0, 0.0),
