@@ -10,6 +10,8 @@ comes through a CONNECT tunnel to the sandbox's TLS site, trusted through `HUTCH
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -56,15 +58,20 @@ async def run_one(settings: Settings, services: Services, job: str, url: str) ->
     await submit_urls(settings, job, [url])
     counts = await services.wait_done(job, timeout=90)
     assert counts.pending == 0 and counts.total == 1, counts
-    store = Store(settings.store_location)
-    try:
-        (task,) = store.tasks(job)
-        dead = store.dead_entries(job=job)
-        items = list(store.items(job))
-        attempts = store.attempts(task["id"])
-    finally:
-        store.close()
-    return {**task, "dead": dead[0] if dead else None, "items": items, "attempts": attempts}
+    deadline = time.monotonic() + 15
+    while True:
+        store = Store(settings.store_location)
+        try:
+            (task,) = store.tasks(job)
+            dead = store.dead_entries(job=job)
+            items = list(store.items(job))
+            attempts = store.attempts(task["id"])
+        finally:
+            store.close()
+        # The last attempt's event travels apart from the task's end: wait for it.
+        if any(a["next"] in ("dead", "parse") for a in attempts) or time.monotonic() > deadline:
+            return {**task, "dead": dead[0] if dead else None, "items": items, "attempts": attempts}
+        await asyncio.sleep(0.2)
 
 
 @pytest.mark.parametrize(

@@ -9,20 +9,28 @@
     /hostile/origin-407            a 407 with Proxy-Authenticate, from the site itself
     /hostile/origin-proxy-status   a 502 with a Proxy-Status of the site's own edge
 
-The bombs are compressed while they are sent, one MiB of zeros at a time, so the sandbox never
-holds more than a block however many GiB are asked for, and stops when the client hangs up.
+The bombs are made while they are sent, one MiB of zeros at a time (one compressed MiB repeated),
+so the sandbox never holds more than a block however many GiB are asked for, and stops when the
+client hangs up.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
+import struct
 import zlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Literal
 
 from hutch.sandbox.hostile import route
 from hutch.sandbox.site import HTML, Reply
 
 BLOCK = bytes(1 << 20)
+WRITE = 64 * 1024
+GZIP_HEADER = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x02\xff"  # deflate, no name, no time, unknown OS
+ZLIB_HEADER = b"\x78\xda"  # deflate, 32 KiB window, best compression
+FINAL_BLOCK = b"\x03\x00"  # an empty final block (fixed Huffman)
 MAX_GIB = 16
 EDGE = "edge.origin.example"  # the name the origin's own "proxy" signs with: no proxy of any pool
 
@@ -34,49 +42,76 @@ def _gib(query: dict[str, str]) -> int:
     return gib
 
 
-def _zeros(gib: int, wbits: int, layers: int = 1) -> Callable[[], AsyncIterator[bytes]]:
-    """A stream of `gib` GiB of zeros compressed `layers` times (each layer fed by the one inside)."""
+@functools.cache
+def _segment() -> bytes:
+    """One MiB of zeros as raw deflate ending in a full flush: a piece that can be repeated."""
+    packer = zlib.compressobj(9, zlib.DEFLATED, -zlib.MAX_WBITS)
+    return packer.compress(BLOCK) + packer.flush(zlib.Z_FULL_FLUSH)
+
+
+def _dense(gib: int, container: Literal["gzip", "zlib"]) -> Iterator[bytes]:
+    """`gib` GiB of zeros in a gzip or zlib container, at deflate's best ratio (about 1000:1).
+
+    A full flush makes each MiB's deflate independent of the one before, so one compressed MiB
+    is repeated instead of compressing every GiB; only the checksum is computed as it goes."""
+    segment = _segment()
+    yield GZIP_HEADER if container == "gzip" else ZLIB_HEADER
+    check = zlib.crc32(b"") if container == "gzip" else zlib.adler32(b"")
+    for _ in range(gib * 1024):
+        check = zlib.crc32(BLOCK, check) if container == "gzip" else zlib.adler32(BLOCK, check)
+        yield segment
+    if container == "gzip":
+        yield FINAL_BLOCK + struct.pack("<II", check, (gib << 30) & 0xFFFFFFFF)
+    else:
+        yield FINAL_BLOCK + struct.pack(">I", check)
+
+
+def _zeros(gib: int, container: Literal["gzip", "zlib"], stacked: bool) -> Callable[[], AsyncIterator[bytes]]:
+    """The bomb's body, sent in writes of 64 KiB as a file served from disk would be, so a client
+    reads chunks that each decode to about 64 MiB. Stacked, the dense stream is gzipped once
+    more and flushed every 64 MiB of zeros (each write then decodes to 64 MiB of gzip stream,
+    itself about 64 GiB... of which the sandbox only ever makes what is read)."""
 
     async def stream() -> AsyncIterator[bytes]:
-        packers = [zlib.compressobj(9, zlib.DEFLATED, wbits) for _ in range(layers)]
-
-        def through(data: bytes, mode: int) -> bytes:
-            for packer in packers:
-                data = packer.compress(data) + packer.flush(mode)
-            return data
-
-        for _ in range(gib * 1024):
-            # A sync flush per MiB sends each block at once: a client that stops reading after
-            # a few MiB costs the sandbox a few MiB of compressing, not the whole bomb.
-            yield through(BLOCK, zlib.Z_SYNC_FLUSH)
-            await asyncio.sleep(0)  # compressing is CPU: let the sandbox's other sites answer
-        yield through(b"", zlib.Z_FINISH)
+        outer = zlib.compressobj(9, zlib.DEFLATED, zlib.MAX_WBITS | 16) if stacked else None
+        pending = bytearray()
+        for n, piece in enumerate(_dense(gib, container), start=1):
+            if outer is not None:
+                piece = outer.compress(piece) + (outer.flush(zlib.Z_SYNC_FLUSH) if n % 64 == 0 else b"")
+            pending += piece
+            if len(pending) >= WRITE or n % 64 == 0:
+                yield bytes(pending)
+                pending.clear()
+                await asyncio.sleep(0)  # let the sandbox's other sites answer
+        if outer is not None:
+            pending += outer.flush()
+        yield bytes(pending)
 
     return stream
 
 
-def _bomb(query: dict[str, str], encoding: str, wbits: int, layers: int = 1) -> Reply:
+def _bomb(query: dict[str, str], encoding: str, container: Literal["gzip", "zlib"], stacked: bool = False) -> Reply:
     return Reply(
         200,
         content_type=HTML,
         headers=[("Content-Encoding", encoding)],
-        stream=_zeros(_gib(query), wbits, layers),
+        stream=_zeros(_gib(query), container, stacked),
     )
 
 
 @route("gzip-bomb")
 def gzip_bomb(query: dict[str, str]) -> Reply:
-    return _bomb(query, "gzip", zlib.MAX_WBITS | 16)
+    return _bomb(query, "gzip", "gzip")
 
 
 @route("stacked-bomb")
 def stacked_bomb(query: dict[str, str]) -> Reply:
-    return _bomb(query, "gzip, gzip", zlib.MAX_WBITS | 16, layers=2)
+    return _bomb(query, "gzip, gzip", "gzip", stacked=True)
 
 
 @route("deflate-bomb")
 def deflate_bomb(query: dict[str, str]) -> Reply:
-    return _bomb(query, "deflate", zlib.MAX_WBITS)
+    return _bomb(query, "deflate", "zlib")
 
 
 @route("bogus-charset")
