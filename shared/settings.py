@@ -98,7 +98,7 @@ class Settings(BaseSettings):
         2, ge=0, description="content encodings stacked on one body that are undone; more is bad_encoding"
     )
     ca_file: Path | None = Field(
-        None, description="PEM file of the only CAs fetches trust over TLS; default the system store"
+        None, description="PEM file of the only CAs fetches trust over TLS; default certifi's bundle"
     )
     max_redirects: int = Field(5, description="redirects followed per task, each a new attempt")
     max_attempts: int = Field(5, description="attempts a task may spend before it goes dead")

@@ -25,6 +25,7 @@ import ssl
 import time
 from urllib.parse import urljoin, urlsplit
 
+import certifi
 import h11
 import httpcore
 import httpx
@@ -48,8 +49,9 @@ DESTINATION_ERRORS = (
 
 
 def tls_context(ca_file: str | None) -> ssl.SSLContext:
-    """The certificates a fetch trusts: the system store, or only `ca_file` (HUTCH_CA_FILE)."""
-    return ssl.create_default_context(cafile=ca_file)
+    """The certificates a fetch trusts: certifi's bundle (httpx's default), or only `ca_file`
+    (HUTCH_CA_FILE)."""
+    return ssl.create_default_context(cafile=ca_file or certifi.where())
 
 
 def make_client(
