@@ -54,8 +54,10 @@ class Service:
     async def start(self) -> None:
         """Declare what the service needs beyond the static topology and start consuming."""
 
-    async def abandon(self) -> None:
-        """Past the grace period: make in-flight handlers finish now (give their work back)."""
+    async def abandon(self) -> int:
+        """Past the grace period: make in-flight handlers finish now (give their work back);
+        how many were cut short. Services whose handlers cannot be cut short return 0."""
+        return 0
 
     async def stop(self) -> None:
         """Release the service's own resources after consuming stopped and work drained."""
@@ -90,9 +92,8 @@ class Service:
         await self.broker.stop_consuming()
         if not await self.broker.drain(self.settings.shutdown_grace):
             log.warning("%s: work still in flight after the grace period; giving it back", self.name)
-            await self.abandon()
-            # The abandoned handlers publish their work back (one confirm each).
-            if not await self.broker.drain(self.settings.publish_timeout + 1.0):
+            # Abandoned handlers publish their work back (one confirm each): give them that long.
+            if await self.abandon() and not await self.broker.drain(self.settings.publish_timeout + 1.0):
                 log.warning("%s: work still in flight; the broker will redeliver it", self.name)
         await self.stop()
         await self.broker.close()

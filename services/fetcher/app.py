@@ -62,13 +62,15 @@ class Fetcher(Service):
         )
         self._heartbeat = asyncio.create_task(self._beat())
 
-    async def abandon(self) -> None:
+    async def abandon(self) -> int:
         """Past the shutdown grace: cancel the fetches still running. Their handlers give the
         tasks back to their domain queues unspent (`_fetch` returns None); the HTTP clients stay
         open until no fetch uses them."""
-        for job in list(self._fetches):
+        running = list(self._fetches)
+        for job in running:
             job.cancel()
-        await asyncio.gather(*self._fetches, return_exceptions=True)
+        await asyncio.gather(*running, return_exceptions=True)
+        return len(running)
 
     async def stop(self) -> None:
         self._heartbeat.cancel()
