@@ -101,6 +101,12 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(
         5 * 1024 * 1024, description="largest decoded response body accepted"
     )
+    max_content_encodings: int = Field(
+        2, ge=0, description="content encodings stacked on one body that are undone; more is bad_encoding"
+    )
+    ca_file: Path | None = Field(
+        None, description="PEM file of the only CAs fetches trust over TLS; default certifi's bundle"
+    )
     max_redirects: int = Field(5, description="redirects followed per task, each a new attempt")
     max_url_bytes: int = Field(
         8192, ge=64, description="longest URL accepted, in bytes: each URL submitted and each redirect target"
@@ -146,7 +152,12 @@ class Settings(BaseSettings):
         60.0, gt=0, description="first ban of a proxy on a domain after a block; doubles with each repeat"
     )
     proxy_ban_max: float = Field(3600.0, gt=0, description="longest ban of a proxy on a domain")
-    proxy_dead_after: int = Field(3, ge=1, description="proxy failures in a row that mark a proxy dead")
+    proxy_dead_after: int = Field(
+        3, ge=1, description="proxy failures in a row that ban a proxy on a domain, or mark it dead"
+    )
+    proxy_dead_domains: int = Field(
+        2, ge=1, description="different domains a streak of proxy failures must span to mark a proxy dead"
+    )
     proxy_probe_url: str | None = Field(
         None, description="URL fetched through a dead proxy to bring it back; unset = retry it after a while"
     )
