@@ -24,7 +24,7 @@ import time
 from aio_pika.abc import AbstractChannel
 
 from hutch.amqp import Delivery, PublishFailed, Requeue
-from hutch.domains import routing_key
+from hutch.domains import event_key, routing_key
 from hutch.models import AnyEvent, DeadLetter, Item, Rescued
 from hutch.service import Service
 from hutch.services.storer import reconcile
@@ -194,7 +194,7 @@ class Storer(Service):
             # from the domain queue after this is dropped; none bound yet is no failure.
             await self.broker.publish(
                 topology.events,
-                f"rescued.{task.domain}",
+                event_key("rescued", task.domain),
                 Rescued(task_id=task.id, domain=task.domain, incarnation=task.incarnation),
                 mandatory=False,
             )
