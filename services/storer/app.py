@@ -168,6 +168,7 @@ class Storer(Service):
         self._empty_since = reconcile.empty_since(self._empty_since, depths, now)
         return reconcile.Observed(
             fetchers_up=ready is not None and ready[1] > 0,
+            fetch_ready_waiting=ready is None or ready[0] > 0,
             store_behind=events is None or events[0] > 0,
             empty_for={domain: now - since for domain, since in self._empty_since.items()},
         )

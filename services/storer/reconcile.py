@@ -7,8 +7,10 @@ by hand; a broker that lost its definitions), and then nothing will ever move it
 The reconciler finds those tasks in the store and republishes them, and only those:
 
 - in flight (it holds a permit) with no outcome for longer than the permit's lifetime plus
-  the fetch deadline plus a margin, while some fetcher consumes `fetch.ready` (with none up,
-  the task may simply wait there: a fetcher will hand back its expired permit);
+  the fetch deadline plus a margin, while some fetcher consumes `fetch.ready` and nothing
+  waits in it (a task waiting there is not lost, however long: a fetcher will hand back its
+  expired permit; and a fetcher that took it with a valid permit answers within the fetch
+  deadline);
 - retrying, past the moment its delay tier should have returned it plus a margin, while
   its domain's queue has been seen empty for at least the margin too (a task back in a
   backlog, however long, is not lost; a paused domain keeps its tasks in that queue; and a
@@ -40,6 +42,7 @@ Why = Literal[
     "retry_overdue",  # its delay tier should have returned it long ago
     "not_yet",  # its deadline has not passed
     "no_fetcher",  # in flight while no fetcher consumes fetch.ready: it waits there
+    "in_fetch_ready",  # in flight while fetch.ready holds tasks: it may be one of them
     "in_backlog",  # its domain's queue holds tasks (or did, lately): it may be one of them
     "store_behind",  # outcome events wait to be applied: the store is not current
     "unknown_state",
@@ -71,6 +74,7 @@ class Observed:
     """What the wiring saw on the broker just before deciding."""
 
     fetchers_up: bool  # fetch.ready has at least one consumer
+    fetch_ready_waiting: bool = False  # fetch.ready holds messages (or its depth is unknown)
     store_behind: bool = False  # the storer's events queue holds messages
     # Per domain queue: seconds it has been seen empty, sweep after sweep (absent: it was
     # not empty last time, or its depth is unknown).
@@ -92,6 +96,8 @@ def decide(task: Silent, now: float, config: Config, observed: Observed) -> Verd
             return Verdict("leave", "not_yet")
         if not observed.fetchers_up:
             return Verdict("leave", "no_fetcher")
+        if observed.fetch_ready_waiting:
+            return Verdict("leave", "in_fetch_ready")
         why: Why = "in_flight_expired"
     elif task.state == "retrying":
         if task.due_at >= config.retrying_before(now):

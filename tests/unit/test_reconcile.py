@@ -57,6 +57,12 @@ def test_a_task_in_flight_while_no_fetcher_consumes_fetch_ready_is_left_waiting_
     assert (verdict.action, verdict.why) == ("leave", "no_fetcher")
 
 
+def test_a_task_in_flight_is_left_while_fetch_ready_holds_tasks_it_may_be_one_of() -> None:
+    waiting = Observed(fetchers_up=True, fetch_ready_waiting=True)
+    verdict = decide(silent(due_at=NOW - 10_000), NOW, CONFIG, waiting)
+    assert (verdict.action, verdict.why) == ("leave", "in_fetch_ready")
+
+
 def test_a_retry_long_overdue_from_its_tier_with_an_empty_domain_queue_is_rescued() -> None:
     verdict = decide(silent("retrying", due_at=NOW - 101), NOW, CONFIG, UP)
     assert (verdict.action, verdict.why) == ("rescue", "retry_overdue")
