@@ -9,6 +9,8 @@ Messages are lost the way a dead consumer would lose them: the test itself consu
 from __future__ import annotations
 
 import asyncio
+import json
+import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -153,6 +155,24 @@ async def test_a_task_lost_again_and_again_ends_dead_as_stalled_after_its_rescue
     _, dead = reconciler_view(settings, "doomed")
     assert sorted((d["stage"], d["reason"]) for d in dead) == [("reconcile", "stalled")] * 3  # one letter each
     assert sandbox.site_log("south") == []
+    # `hutch status` shows them, as text and as JSON.
+    env = service_env(settings)
+    (row,) = json.loads(await hutch(env, "status", "doomed", "--json"))
+    assert (row["stalled"], row["rescued"], row["dead"], row["pending"]) == (3, 3, 3, 0)
+    table = (await hutch(env, "status", "doomed")).splitlines()
+    assert table[0].split()[-2:] == ["stalled", "rescued"]
+    assert table[1].split() == ["doomed", "3", "0", "3", "0", "0", "3", "3"]
+
+
+async def hutch(env: dict[str, str], *args: str) -> str:
+    """Run the `hutch` command line; its standard output."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", "from hutch.services.control.cli import main; main()", *args,
+        env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(process.communicate(), 60)
+    assert process.returncode == 0, err.decode()
+    return out.decode()
 
 
 async def test_tasks_waiting_in_a_delay_tier_or_in_their_domains_backlog_are_not_touched(
