@@ -113,7 +113,12 @@ class Storer(Service):
                 at=letter.at,
                 queue=letter.queue,
             )
-            await self._write(lambda store: store.record_dead(odd, key))
+            try:
+                await self._write(lambda store: store.record_dead(odd, key))
+            except Requeue:
+                raise
+            except Exception:  # never dead-letter it: the ledger would feed itself in a loop
+                log.exception("dead letter %s could not be recorded at all; the dlq queue keeps a copy", key)
 
     # -- the reconciler ----------------------------------------------------------------
 

@@ -85,3 +85,16 @@ async def test_a_letter_named_by_the_storer_is_recorded_once_under_that_name(sto
     for message_id in ("first-copy", "second-copy"):
         await storer._on_dead(letter, FakeDelivery({LETTER_ID: "stalled:t:1"}, message_id))  # type: ignore[arg-type]
     assert [e["message_id"] for e in await storer.store.run(lambda s: s.dead_letters())] == ["stalled:t:1"]
+
+
+async def test_a_letter_the_ledger_cannot_record_at_all_is_never_dead_lettered_again(
+    storer: Storer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def refuse(self: Store, letter: DeadLetter, message_id: str) -> None:
+        raise sqlite3.IntegrityError("nothing about this letter fits")
+
+    monkeypatch.setattr(Store, "record_dead", refuse)
+    # Returns (so the layer acks) instead of raising (so the layer would dead-letter it).
+    await storer._on_dead(DeadLetter(stage="fetch", reason="x", task=task()), FakeDelivery())  # type: ignore[arg-type]
+    monkeypatch.undo()
+    assert await storer.store.run(lambda s: s.dead_letters()) == []
