@@ -61,8 +61,6 @@ class Storer(Service):
             margin=s.reconcile_margin,
             max_rescues=s.max_rescues,
         )
-        self.rescued = 0
-        self.stalled = 0
         self._empty_since: dict[str, float] = {}  # domain queue -> first of its empty looks
         topology = self.broker.topology
         # Prefetch bounds what waits on a failing store: no more than this is taken from the
@@ -99,7 +97,7 @@ class Storer(Service):
         await self._write(lambda store: store.apply_events(events))
 
     async def _on_dead(self, letter: DeadLetter, message: Delivery) -> None:
-        key = str(message.headers.get(LETTER_ID) or message.message_id or f"{letter.stage}:{letter.at}")
+        key = str(message.headers.get(LETTER_ID) or message.message_id or f"{letter.stage}:{letter.at}")[:200]
         try:
             await self._write(lambda store: store.record_dead(letter, key))
         except Requeue:
@@ -211,7 +209,6 @@ class Storer(Service):
             return 0
         await self.store.run(lambda store: store.finish_rescue(task, now))
         log.info("rescued task %s (%s) as incarnation %d", task.id, why, task.incarnation)
-        self.rescued += 1
         return 1
 
     async def _stall(self, silent: Silent, why: str) -> None:
@@ -225,7 +222,6 @@ class Storer(Service):
         key = f"stalled:{task.id}:{task.incarnation}"
         await self.broker.publish(self.broker.topology.dead, "", letter, headers={LETTER_ID: key})
         await self.store.run(lambda store: _record(store, letter, key))
-        self.stalled += 1
 
 
 def _record(store: Store, letter: DeadLetter, key: str) -> None:
