@@ -23,7 +23,7 @@ class Storer(Service):
             topology.events_storer, AnyEvent, self._on_event, stage="store", prefetch=64
         )
         await self.broker.consume(
-            topology.ledger, DeadLetter, self._on_dead, stage="store", prefetch=32
+            topology.ledger, DeadLetter, self._on_dead, stage="store", prefetch=32, dead_letter=False
         )
 
     async def stop(self) -> None:

@@ -1,0 +1,133 @@
+"""Every message ends, whatever its consumer does: the AMQP layer's counts through a real broker.
+
+A consumer that dies holding a message (simulated by closing its channel mid-handler, which
+is what the broker sees of a killed process), a handler that raises, and an infrastructure
+error that must spend nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from hutch.amqp import Broker, Delivery, Requeue
+from hutch.models import DeadLetter, Page, Task, decode, task_id
+from hutch.settings import Settings
+
+from .test_amqp import depth, get_one
+
+pytestmark = pytest.mark.timeout(90)
+
+
+def make_page(url: str = "http://127.0.0.1:9/page/1") -> Page:
+    task = Task(id=task_id("job", url), job="job", url=url, domain="127.0.0.1:9", attempts=1)
+    return Page(task=task, status=200, final_url=url, text="<title>kept</title>", fetched_at=time.time())
+
+
+@pytest.fixture
+async def broker(settings: Settings):
+    b = await Broker(settings, "test").connect()
+    yield b
+    await b.close()
+
+
+async def wait_for(predicate, timeout: float = 15.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        await asyncio.sleep(0.05)
+
+
+async def test_a_message_that_kills_its_consumer_each_time_goes_dead_as_crashed_with_its_page(
+    broker: Broker,
+) -> None:
+    seen: list[int] = []
+    held = asyncio.Event()
+    release = asyncio.Event()
+
+    async def handler(page: Page, message: Delivery) -> None:
+        seen.append(message.crashes)
+        held.set()
+        await release.wait()  # "dies" here: the test closes the channel under it
+
+    await broker.publish(broker.topology.work, "parse", make_page())
+    for _ in range(broker.settings.max_crashes):
+        held.clear()
+        release.clear()
+        channel = await broker.channel(prefetch=1)
+        consumer = await broker.consume(broker.topology.parse, Page, handler, stage="parse", channel=channel)
+        await asyncio.wait_for(held.wait(), 15)
+        await channel.close()  # the broker requeues the unacked message, flagged redelivered
+        release.set()
+        await consumer.cancel()
+    # The next consumer sees the redelivery of a message that crashed max_crashes times.
+    await broker.consume(broker.topology.parse, Page, handler, stage="parse")
+    letter = decode((await get_one(broker, broker.topology.dlq)).body, DeadLetter)
+    assert (letter.reason, letter.stage) == ("crashed", "parse")
+    assert letter.page is not None and letter.page.text == "<title>kept</title>"
+    assert seen == [0, 1, 2]  # each crash counted in a fresh copy, the handler ran once per copy
+    await asyncio.sleep(0.3)
+    assert await depth(broker, broker.topology.parse) == 0
+
+
+async def test_a_handler_that_always_raises_leaves_the_page_dead_as_error_after_max_failures(
+    broker: Broker,
+) -> None:
+    seen: list[tuple[int, bool]] = []
+
+    async def handler(page: Page, message: Delivery) -> None:
+        seen.append((message.failures, message.redelivered))
+        raise ValueError("spec exploded")
+
+    await broker.consume(broker.topology.parse, Page, handler, stage="parse")
+    await broker.publish(broker.topology.work, "parse", make_page())
+    letter = decode((await get_one(broker, broker.topology.ledger)).body, DeadLetter)
+    assert (letter.reason, letter.stage) == ("error", "parse")
+    assert "ValueError: spec exploded" in letter.detail
+    assert letter.page is not None and letter.page.text == "<title>kept</title>"
+    assert letter.task is not None and letter.task.attempts == 1  # no re-fetch: the attempt is as it was
+    assert seen == [(0, False), (1, False), (2, False)]
+
+
+async def test_requeue_spends_nothing_however_often_it_happens(broker: Broker) -> None:
+    seen: list[tuple[int, int]] = []
+    requeues = broker.settings.max_failures + broker.settings.max_crashes  # past both limits
+
+    async def handler(task: Task, message: Delivery) -> None:
+        seen.append((message.crashes, message.failures))
+        if len(seen) <= requeues:
+            raise Requeue("store unavailable", backoff=len(seen) % 2 == 0)
+
+    await broker.consume(broker.topology.store, Task, handler, stage="store")
+    page = make_page()
+    await broker.publish(broker.topology.work, "store", page.task)
+    await wait_for(lambda: len(seen) == requeues + 1, timeout=30)
+    assert seen == [(0, 0)] * (requeues + 1)
+    await asyncio.sleep(0.3)
+    assert await depth(broker, broker.topology.store) == 0
+    assert await depth(broker, broker.topology.dlq) == 0
+
+
+async def test_the_ledger_consumer_never_dead_letters_so_it_cannot_feed_itself(broker: Broker) -> None:
+    calls = 0
+
+    async def handler(letter: DeadLetter, _: Delivery) -> None:
+        nonlocal calls
+        calls += 1
+        raise RuntimeError("store is broken")
+
+    await broker.publish_dead("parse", "parse", "bad page", page=make_page())  # to dlq and ledger
+    await broker.consume(broker.topology.ledger, DeadLetter, handler, stage="store", dead_letter=False)
+    await wait_for(lambda: calls >= broker.settings.max_failures)
+    await asyncio.sleep(0.5)
+    assert calls == broker.settings.max_failures
+    assert await depth(broker, broker.topology.ledger) == 0  # dropped, and logged by its id
+    assert await depth(broker, broker.topology.dlq) == 1  # the original only: nothing fed back
+    # An undecodable message on the ledger is dropped too, not dead-lettered.
+    await broker.publish(broker.topology.dead, "", b"not json")
+    await asyncio.sleep(0.5)
+    assert await depth(broker, broker.topology.ledger) == 0
+    assert await depth(broker, broker.topology.dlq) == 2  # the raw one reached the dlq by fanout only
