@@ -323,7 +323,7 @@ class Governor(Service):
             found = queue.declaration_result
         finally:
             await channel.close()
-        if not known and not message.redelivered and not found.message_count and not found.consumer_count:
+        if not known and not message.crashes and not found.message_count and not found.consumer_count:
             # A queue that did not exist: no governor can have released from it yet.
             self.core.created(domain)
         await self.broker.publish("", topology.domains, DomainRecord(domain=domain))

@@ -131,3 +131,104 @@ async def test_the_ledger_consumer_never_dead_letters_so_it_cannot_feed_itself(b
     await asyncio.sleep(0.5)
     assert await depth(broker, broker.topology.ledger) == 0
     assert await depth(broker, broker.topology.dlq) == 2  # the raw one reached the dlq by fanout only
+
+
+# -- the fetch stage: errors that belong to the task spend its attempts ------------------
+
+
+@pytest.fixture
+async def fetcher(settings: Settings, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+    """A real fetcher service in this process, with no proxy-manager; `fetch` is replaced."""
+    from hutch.services.fetcher import app
+
+    calls: list[str] = []
+
+    async def exploding_fetch(client: object, url: str, **_: object) -> object:
+        calls.append(url)
+        raise RuntimeError("nothing foresaw this page")
+
+    monkeypatch.setattr(app, "fetch", exploding_fetch)
+    service = app.Fetcher(settings.model_copy(update={"use_proxy_manager": False}))
+    await service.connect()
+    await service.start()
+    service.calls = calls  # type: ignore[attr-defined]
+    yield service
+    service.stopping.set()
+    await service.broker.stop_consuming()
+    await service.broker.drain(5)
+    await service.stop()
+    await service.broker.close()
+
+
+async def act_as_governor(broker: Broker, domain: str, until: asyncio.Event) -> int:
+    """Give each task coming back to its domain queue a fresh permit, as the governor would."""
+    from hutch.amqp import declare_queue
+    from hutch.models import Permit
+
+    channel = await broker.channel()
+    queue = await declare_queue(channel, broker.topology.domain_queue(domain))
+    released = 0
+    while not until.is_set():
+        message = await queue.get(fail=False, no_ack=True)
+        if message is None:
+            await asyncio.sleep(0.05)
+            continue
+        task = decode(message.body, Task)
+        now = time.time()
+        task = task.model_copy(update={"permit": Permit(id=f"p{released}", issued=now, expires=now + 30)})
+        await broker.publish(broker.topology.work, "fetch.ready", task)
+        released += 1
+    await channel.close()
+    return released
+
+
+async def test_a_task_whose_fetch_raises_spends_an_attempt_each_time_and_ends_dead(
+    broker: Broker, fetcher
+) -> None:  # type: ignore[no-untyped-def]
+    from hutch.models import Permit
+
+    url = "http://127.0.0.1:9/explodes"
+    task = Task(id=task_id("job", url), job="job", url=url, domain="127.0.0.1:9")
+    done = asyncio.Event()
+    governor = asyncio.create_task(act_as_governor(broker, task.domain, done))
+    await asyncio.sleep(0.2)  # the domain queue is declared
+    now = time.time()
+    permit = Permit(id="p", issued=now, expires=now + 30)
+    await broker.publish(broker.topology.work, "fetch.ready", task.model_copy(update={"permit": permit}))
+    letter = decode((await get_one(broker, broker.topology.dlq, timeout=40)).body, DeadLetter)
+    done.set()
+    assert await governor == broker.settings.max_attempts - 1
+    assert (letter.reason, letter.stage) == ("error", "fetch")
+    assert letter.task is not None
+    assert letter.task.attempts == broker.settings.max_attempts
+    assert [a.outcome for a in letter.task.history] == ["error"] * broker.settings.max_attempts
+    assert all(a.spent and "nothing foresaw" in (a.detail or "") for a in letter.task.history)
+    assert fetcher.calls == [url] * broker.settings.max_attempts
+
+
+async def test_a_task_a_fetcher_died_holding_spends_an_attempt_without_being_fetched_again(
+    broker: Broker, fetcher
+) -> None:  # type: ignore[no-untyped-def]
+    from hutch.models import Attempt, Permit
+
+    # Its last attempt left, and a permit long expired: the crash still spends, so it is dead.
+    url = "http://127.0.0.1:9/kills-fetchers"
+    earlier = [Attempt(n=n + 1, at=time.time(), outcome="timeout") for n in range(broker.settings.max_attempts - 1)]
+    task = Task(
+        id=task_id("job", url), job="job", url=url, domain="127.0.0.1:9",
+        attempts=broker.settings.max_attempts - 1, history=earlier,
+        permit=Permit(id="old", issued=time.time() - 100, expires=time.time() - 50),
+    )
+    await fetcher.broker.stop_consuming()  # this fetcher is not the one that dies
+    await broker.publish(broker.topology.work, "fetch.ready", task)
+    # A fetcher takes it and dies: its channel closes with the message unacked.
+    channel = await broker.channel(prefetch=1)
+    queue = await channel.get_queue(broker.topology.fetch_ready, ensure=False)
+    assert await queue.get(fail=False, no_ack=False) is not None
+    await channel.close()
+    await fetcher.broker.consume(broker.topology.fetch_ready, Task, fetcher._on_task, stage="fetch")
+    letter = decode((await get_one(broker, broker.topology.dlq, timeout=20)).body, DeadLetter)
+    assert (letter.reason, letter.stage) == ("crashed", "fetch")
+    assert letter.task is not None and letter.task.attempts == broker.settings.max_attempts
+    assert letter.task.history[-1].outcome == "crashed" and letter.task.history[-1].spent
+    assert fetcher.calls == []  # the page that may kill fetchers was not fetched again
