@@ -182,9 +182,7 @@ async def act_as_governor(broker: Broker, domain: str, until: asyncio.Event) -> 
     return released
 
 
-async def test_a_task_whose_fetch_raises_spends_an_attempt_each_time_and_ends_dead(
-    broker: Broker, fetcher
-) -> None:  # type: ignore[no-untyped-def]
+async def test_a_task_whose_fetch_raises_spends_an_attempt_each_time_and_ends_dead(broker: Broker, fetcher) -> None:  # type: ignore[no-untyped-def]
     from hutch.models import Permit
 
     url = "http://127.0.0.1:9/explodes"
@@ -215,8 +213,12 @@ async def test_a_task_a_fetcher_died_holding_spends_an_attempt_without_being_fet
     url = "http://127.0.0.1:9/kills-fetchers"
     earlier = [Attempt(n=n + 1, at=time.time(), outcome="timeout") for n in range(broker.settings.max_attempts - 1)]
     task = Task(
-        id=task_id("job", url), job="job", url=url, domain="127.0.0.1:9",
-        attempts=broker.settings.max_attempts - 1, history=earlier,
+        id=task_id("job", url),
+        job="job",
+        url=url,
+        domain="127.0.0.1:9",
+        attempts=broker.settings.max_attempts - 1,
+        history=earlier,
         permit=Permit(id="old", issued=time.time() - 100, expires=time.time() - 50),
     )
     await fetcher.broker.stop_consuming()  # this fetcher is not the one that dies
@@ -232,3 +234,98 @@ async def test_a_task_a_fetcher_died_holding_spends_an_attempt_without_being_fet
     assert letter.task is not None and letter.task.attempts == broker.settings.max_attempts
     assert letter.task.history[-1].outcome == "crashed" and letter.task.history[-1].spent
     assert fetcher.calls == []  # the page that may kill fetchers was not fetched again
+
+
+# -- the governor: returns by republish, consumers that always come back ----------------
+
+
+@pytest.fixture
+async def governor(settings: Settings):  # type: ignore[no-untyped-def]
+    """A real governor service in this process (robots.txt ignored)."""
+    from hutch.services.governor.app import Governor
+
+    service = Governor(settings.model_copy(update={"respect_robots": False, "max_hold": 1.0}))
+    await service.connect()
+    yield service
+    service.stopping.set()
+    await service.shutdown()
+
+
+async def test_a_governor_returns_a_task_it_cannot_release_yet_by_republish_not_by_requeue(
+    broker: Broker, governor
+) -> None:  # type: ignore[no-untyped-def]
+    from hutch.amqp import CRASHES, FAILURES, declare_queue
+    from hutch.models import DomainRecord
+
+    domain = "127.0.0.1:9"
+    spec = broker.topology.domain_queue(domain)
+    channel = await broker.channel()
+    await declare_queue(channel, spec)
+    url = "http://127.0.0.1:9/held"
+    await broker.publish(
+        broker.topology.frontier, "d." + domain, Task(id=task_id("j", url), job="j", url=url, domain=domain)
+    )
+    # A domain it did not create: the governor waits one permit lifetime (takeover) before
+    # releasing, longer than it may hold a message, so it returns the task and pauses.
+    await broker.publish("", broker.topology.domains, DomainRecord(domain=domain))
+    await governor.start()
+    await wait_for(lambda: domain in governor.domains and governor.domains[domain].resume is not None)
+    message = await get_one(broker, spec.name)
+    assert decode(message.body, Task).url == url
+    assert message.redelivered is False  # not a nack-requeue: no delivery counted, no crash
+    assert message.headers[CRASHES] == 0 and message.headers[FAILURES] == 0
+    assert await depth(broker, broker.topology.fetch_ready) == 0
+
+
+async def test_resuming_a_paused_domain_declares_its_queue_object_only_once(broker: Broker, governor) -> None:  # type: ignore[no-untyped-def]
+    from hutch.models import DomainRecord
+
+    domain = "127.0.0.1:9"
+    name = broker.topology.domain_queue(domain).name
+    await governor.start()
+    await broker.publish("", broker.topology.domains, DomainRecord(domain=domain))
+    await wait_for(lambda: domain in governor.domains and governor.domains[domain].consumer is not None)
+    state = governor.domains[domain]
+    for _ in range(5):
+        governor._pause(domain, 0.05)
+        assert state.consumer is None
+        await wait_for(lambda: state.consumer is not None)
+
+    def kept() -> int:  # queue objects the robust channels would redeclare after a reconnect
+        return sum(len(ch._queues.get(name, ())) for ch in governor.domain_channels)
+
+    assert kept() == 1
+    # And the consumer resumed last is the live one: a task still gets through.
+    url = "http://127.0.0.1:9/after-resumes"
+    governor.core.queue(domain).cold_until = 0.0
+    await broker.publish(
+        broker.topology.frontier, "d." + domain, Task(id=task_id("j", url), job="j", url=url, domain=domain)
+    )
+    assert decode((await get_one(broker, broker.topology.fetch_ready, timeout=20)).body, Task).url == url
+
+
+async def test_a_domain_whose_consumer_failed_to_start_is_tried_again_until_it_runs(
+    broker: Broker, governor, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
+    from hutch.models import DomainRecord
+
+    domain = "127.0.0.1:9"
+    real = governor.broker.consume
+    failures = 0
+
+    async def flaky(queue, *args, **kwargs):  # type: ignore[no-untyped-def]
+        nonlocal failures
+        if getattr(queue, "name", "") == broker.topology.domain_queue(domain).name and failures < 2:
+            failures += 1
+            raise ConnectionError("connection dropped mid-declare")
+        return await real(queue, *args, **kwargs)
+
+    monkeypatch.setattr(governor.broker, "consume", flaky)
+    await governor.start()
+    await broker.publish("", broker.topology.domains, DomainRecord(domain=domain))
+    await wait_for(lambda: failures == 2)
+    assert domain in governor.domains  # watched...
+    await wait_for(lambda: governor.domains[domain].consumer is not None)  # ...and consumed in the end
+    probe = await broker.channel()
+    declared = await probe.declare_queue(broker.topology.domain_queue(domain).name, passive=True)
+    assert declared.declaration_result.consumer_count == 1
