@@ -133,7 +133,7 @@ def task_id_of(body: object) -> str | None:
 
 
 def topology_for(settings: Settings) -> Topology:
-    return Topology(settings.namespace, settings.queue_type, settings.retry_delays)
+    return Topology(settings.namespace, settings.queue_type, settings.retry_delays, settings.dlq_max_length)
 
 
 async def declare_queue(channel: AbstractChannel, spec: QueueSpec) -> AbstractQueue:
