@@ -256,26 +256,30 @@ class Delivery:
         return bool(self._channel.is_closed)
 
     def properties_with(self, crashes: int, failures: int) -> Basic.Properties:
-        """Its properties for a republish: the counts set, broker dead-letter history dropped."""
-        p = self.properties
-        headers = {k: v for k, v in (p.headers or {}).items() if not k.startswith(_DEATH_HEADERS)}
-        headers[CRASHES] = crashes
-        headers[FAILURES] = failures
-        # No user_id: the broker checks it against the republishing connection's user.
-        return Basic.Properties(
-            content_type=p.content_type,
-            content_encoding=p.content_encoding,
-            headers=headers,
-            delivery_mode=p.delivery_mode,
-            priority=p.priority,
-            correlation_id=p.correlation_id,
-            reply_to=p.reply_to,
-            expiration=p.expiration,
-            message_id=p.message_id,
-            timestamp=p.timestamp,
-            message_type=p.message_type,
-            app_id=p.app_id,
-        )
+        """Its properties for a republish, with these counts."""
+        return copy_properties(self.properties, {CRASHES: crashes, FAILURES: failures})
+
+
+def copy_properties(p: Basic.Properties, headers: dict[str, Any] | None = None) -> Basic.Properties:
+    """A received message's properties for publishing it again: `headers` set, broker
+    dead-letter history dropped, everything else (message id, timestamp, trace) kept."""
+    kept = {k: v for k, v in (p.headers or {}).items() if not k.startswith(_DEATH_HEADERS)}
+    kept.update(headers or {})
+    # No user_id: the broker checks it against the republishing connection's user.
+    return Basic.Properties(
+        content_type=p.content_type,
+        content_encoding=p.content_encoding,
+        headers=kept,
+        delivery_mode=p.delivery_mode,
+        priority=p.priority,
+        correlation_id=p.correlation_id,
+        reply_to=p.reply_to,
+        expiration=p.expiration,
+        message_id=p.message_id,
+        timestamp=p.timestamp,
+        message_type=p.message_type,
+        app_id=p.app_id,
+    )
 
 
 @dataclass
@@ -485,6 +489,11 @@ class Broker:
                 span.set_attribute("hutch.task.id", about)
             telemetry.inject(all_headers)  # the properties hold this dict: sent with the trace
             await self._send(exchange, routing_key, payload, properties, mandatory)
+
+    async def forward(self, exchange: str, routing_key: str, body: bytes, properties: Basic.Properties) -> None:
+        """Publish a received message again as it was (see `copy_properties`), confirmed and
+        mandatory; raise PublishFailed if the broker does not take it."""
+        await self._send(exchange, routing_key, body, properties, True)
 
     async def _send(
         self, exchange: str, routing_key: str, payload: bytes, properties: Basic.Properties, mandatory: bool

@@ -53,6 +53,7 @@ from aio_pika.abc import AbstractChannel, AbstractQueue
 
 from hutch.amqp import Broker, Consumer, Dead, Delivery, PublishFailed, Requeue, declare_queue
 from hutch.domains import domain_from_routing_key, routing_key
+from hutch.migrate import migrate
 from hutch.models import (
     DecodeError,
     DomainRecord,
@@ -139,6 +140,9 @@ class Governor(Service):
     async def start(self) -> None:
         s = self.settings
         self.id = governor_id()
+        # Work left in an older topology version's queues moves into this one first (one
+        # governor does it; the others go on).
+        await migrate(self.broker)
         fetch_deadline = s.total_timeout + s.rpc_timeout + 5.0
         limits = Limits.load(
             rate=s.rate,
