@@ -419,6 +419,16 @@ class Broker:
             await channel.set_qos(prefetch_count=prefetch)
         return channel
 
+    async def raw_channel(self) -> aiormq.abc.AbstractChannel:
+        """A plain channel for one-off admin work (passive declares, moves, deletes).
+
+        Not robust on purpose: a failed passive declare closes a channel, and a robust one
+        would be reopened behind the caller's back; nothing here is to be restored after a
+        reconnect either. The caller closes it.
+        """
+        assert self.connection is not None and self.connection.transport is not None, "connect() first"
+        return await self.connection.transport.connection.channel()
+
     async def stop_consuming(self) -> None:
         for consumer in self._consumers:
             await consumer.cancel()

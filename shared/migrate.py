@@ -56,19 +56,29 @@ async def migrate(broker: Broker, versions: Iterable[str] = PREVIOUS_VERSIONS) -
             moved += await _migrate_version(broker, version)
         return moved
     finally:
-        with contextlib.suppress(Exception):
-            await lock.close()
+        await _unlock(broker, lock)
+
+
+def _lock_name(broker: Broker) -> str:
+    return f"{broker.topology.prefix}migrate.lock"
 
 
 async def _lock(broker: Broker) -> aiormq.abc.AbstractChannel | None:
-    assert broker.connection is not None, "connect() first"
-    channel = await broker.channel()
-    underlay = await channel.get_underlay_channel()
+    """Take the namespace's migration lock: an exclusive queue, which the broker lets one
+    connection hold and removes when that connection goes (a process that dies migrating)."""
+    channel = await broker.raw_channel()
     try:
-        await underlay.queue_declare(f"{broker.topology.prefix}migrate.lock", exclusive=True, auto_delete=True)
+        await channel.queue_declare(_lock_name(broker), exclusive=True)
     except aiormq.exceptions.ChannelLockedResource:
         return None
-    return underlay
+    return channel
+
+
+async def _unlock(broker: Broker, channel: aiormq.abc.AbstractChannel) -> None:
+    with contextlib.suppress(Exception):
+        await channel.queue_delete(_lock_name(broker))
+    with contextlib.suppress(Exception):
+        await channel.close()
 
 
 async def _migrate_version(broker: Broker, version: str) -> int:
@@ -126,8 +136,7 @@ def _delete_queue(name: str) -> Action:
 
 async def _move(broker: Broker, queue: str, route: Route) -> int:
     """Move `queue`'s messages to `route(message)` = (exchange, key), then delete it if empty."""
-    channel = await broker.channel()
-    underlay = await channel.get_underlay_channel()
+    underlay = await broker.raw_channel()
     try:
         try:
             declared = await underlay.queue_declare(queue, passive=True)
@@ -165,15 +174,14 @@ async def _move(broker: Broker, queue: str, route: Route) -> int:
         return moved
     finally:
         with contextlib.suppress(Exception):
-            await channel.close()
+            await underlay.close()
 
 
 async def _quietly(broker: Broker, action: Action) -> None:
     """Run `action(channel)` on a channel of its own; an absent entity closes only that one."""
-    channel = await broker.channel()
-    underlay = await channel.get_underlay_channel()
+    channel = await broker.raw_channel()
     try:
-        await action(underlay)
+        await action(channel)
     except aiormq.exceptions.AMQPError as exc:
         log.debug("migration: %s", exc)
     finally:

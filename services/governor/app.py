@@ -19,7 +19,9 @@
   (RabbitMQ's `consumer_timeout` would close the channel): the task goes back and the
   domain's consumer is cancelled until it is due. It goes back by republish and ack
   (`Requeue` without backoff), never by nack-requeue: on quorum queues every return would
-  count toward `x-delivery-limit`, and a redelivery would count as a crash.
+  count toward `x-delivery-limit`, and a redelivery would count as a crash. (The returned
+  task goes to the back of its domain's queue: order within a domain is not kept across a
+  pause.)
 - A domain queue is declared once on its channel and consumed again after each pause
   without declaring it again: aio-pika's robust channel keeps every queue object declared
   on it (to redeclare them all after a reconnect), so a declaration per resume would pile

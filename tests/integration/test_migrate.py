@@ -130,3 +130,21 @@ async def test_the_quorum_topology_with_its_limits_and_dead_letter_targets_is_ac
         assert await depth(broker, broker.topology.dlq) == 1
     finally:
         await broker.close()
+
+
+async def test_while_one_process_migrates_another_moves_nothing_and_deletes_nothing(settings: Settings) -> None:
+    from hutch.migrate import _lock, _unlock
+
+    old, _, _ = await fill_old_version(settings)
+    first = await Broker(settings, "first").connect()
+    second = await Broker(settings, "second").connect()
+    try:
+        lock = await _lock(first)
+        assert lock is not None
+        assert await migrate(second) == 0
+        assert await exists(second, old.parse) and await exists(second, old.domain_queue("127.0.0.1:9").name)
+        await _unlock(first, lock)
+        assert await migrate(second) == 6
+    finally:
+        await first.close()
+        await second.close()
