@@ -82,6 +82,11 @@ INFRA_BACKOFF_MAX = 5.0  # seconds, at most, however many errors in a row
 _DEATH_HEADERS = ("x-death", "x-first-death-", "x-last-death-")
 
 
+def infra_backoff(errors_in_a_row: int) -> float:
+    """Seconds to wait before returning a message after this many infrastructure errors in a row."""
+    return min(INFRA_BACKOFF_FIRST * 2 ** max(errors_in_a_row - 1, 0), INFRA_BACKOFF_MAX)
+
+
 def _count(value: object) -> int:
     """A count header as an int; anything else (absent, forged, wrong type) is 0."""
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
@@ -706,7 +711,7 @@ class Broker:
         """Back to its queue with its counts unchanged: nothing was spent."""
         if backoff:
             how.infra_errors += 1
-            await asyncio.sleep(min(INFRA_BACKOFF_FIRST * 2 ** (how.infra_errors - 1), INFRA_BACKOFF_MAX))
+            await asyncio.sleep(infra_backoff(how.infra_errors))
         await self._republish(message, how, message.crashes, message.failures)
 
     async def _republish(self, message: Delivery, how: _Consuming, crashes: int, failures: int) -> None:

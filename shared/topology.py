@@ -116,6 +116,9 @@ class Topology:
         On quorum, such a queue gets an explicit `x-delivery-limit` and a dead-letter target,
         so nothing past the limit is dropped unseen: the dead exchange (the `dlq` and the
         ledger), or for the ledger itself the `dlq` alone, so the ledger never feeds itself.
+        A message the broker dead-letters this way is the raw message, not a `DeadLetter`:
+        the `dlq` keeps it (with its `x-death` history); the ledger's consumer logs its id and
+        drops it. It is a backstop: the AMQP layer's counts end a message long before.
         Classic queues have no delivery limit: the AMQP layer's counts bound them.
         """
         if self.queue_type == "classic":

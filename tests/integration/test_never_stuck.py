@@ -11,8 +11,9 @@ import asyncio
 import time
 
 import pytest
+from aio_pika.exceptions import AMQPError
 
-from hutch.amqp import Broker, Delivery, Requeue
+from hutch.amqp import Broker, Delivery, PublishFailed, Requeue
 from hutch.models import DeadLetter, Page, Task, decode, task_id
 from hutch.settings import Settings
 
@@ -108,6 +109,28 @@ async def test_requeue_spends_nothing_however_often_it_happens(broker: Broker) -
     assert seen == [(0, 0)] * (requeues + 1)
     await asyncio.sleep(0.3)
     assert await depth(broker, broker.topology.store) == 0
+    assert await depth(broker, broker.topology.dlq) == 0
+
+
+@pytest.mark.parametrize(
+    "error",
+    [PublishFailed("no confirm within 5s"), ConnectionError("broker gone"), AMQPError("channel closed")],
+    ids=["publish-failed", "connection-error", "amqp-error"],
+)
+async def test_an_infrastructure_error_in_a_handler_spends_nothing(broker: Broker, error: Exception) -> None:
+    seen: list[tuple[int, int, bool]] = []
+    times = broker.settings.max_failures + 1
+
+    async def handler(task: Task, message: Delivery) -> None:
+        seen.append((message.crashes, message.failures, message.redelivered))
+        if len(seen) <= times:
+            raise error
+
+    await broker.consume(broker.topology.parse, Task, handler, stage="parse")
+    await broker.publish(broker.topology.work, "parse", make_page().task)
+    await wait_for(lambda: len(seen) == times + 1, timeout=30)
+    assert seen == [(0, 0, False)] * (times + 1)
+    await asyncio.sleep(0.3)
     assert await depth(broker, broker.topology.dlq) == 0
 
 

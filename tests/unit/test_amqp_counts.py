@@ -7,7 +7,7 @@ import datetime
 import pytest
 from pamqp.commands import Basic
 
-from hutch.amqp import CRASHES, FAILURES, _count, copy_properties
+from hutch.amqp import CRASHES, FAILURES, INFRA_BACKOFF_MAX, _count, copy_properties, infra_backoff
 
 
 @pytest.mark.parametrize(
@@ -60,3 +60,8 @@ def test_copying_properties_leaves_the_received_ones_untouched() -> None:
     original = received()
     copy_properties(original, {CRASHES: 5})
     assert original.headers[CRASHES] == 1 and "x-death" in original.headers
+
+
+def test_the_backoff_after_infrastructure_errors_doubles_from_a_quarter_second_up_to_its_cap() -> None:
+    assert [infra_backoff(n) for n in range(1, 7)] == [0.25, 0.5, 1.0, 2.0, 4.0, INFRA_BACKOFF_MAX]
+    assert infra_backoff(1000) == INFRA_BACKOFF_MAX == 5.0
