@@ -84,7 +84,8 @@ _DEATH_HEADERS = ("x-death", "x-first-death-", "x-last-death-")
 
 def infra_backoff(errors_in_a_row: int) -> float:
     """Seconds to wait before returning a message after this many infrastructure errors in a row."""
-    return min(INFRA_BACKOFF_FIRST * 2 ** max(errors_in_a_row - 1, 0), INFRA_BACKOFF_MAX)
+    doublings = min(max(errors_in_a_row - 1, 0), 16)
+    return min(INFRA_BACKOFF_FIRST * float(1 << doublings), INFRA_BACKOFF_MAX)
 
 
 def _count(value: object) -> int:
