@@ -112,6 +112,26 @@ async def test_requeue_spends_nothing_however_often_it_happens(broker: Broker) -
     assert await depth(broker, broker.topology.dlq) == 0
 
 
+async def test_a_message_returned_after_its_channel_closed_is_not_copied_a_second_time(broker: Broker) -> None:
+    held = asyncio.Event()
+    release = asyncio.Event()
+
+    async def handler(task: Task, _: Delivery) -> None:
+        held.set()
+        await release.wait()
+        raise Requeue("stopping", backoff=False)  # as the governor does when it stops
+
+    channel = await broker.channel(prefetch=1)
+    await broker.consume(broker.topology.parse, Task, handler, stage="parse", channel=channel)
+    await broker.publish(broker.topology.work, "parse", make_page().task)
+    await asyncio.wait_for(held.wait(), 15)
+    await channel.close()  # the broker requeues it: a copy now would be a duplicate
+    release.set()
+    await broker.drain(5)
+    await asyncio.sleep(0.3)
+    assert await depth(broker, broker.topology.parse) == 1
+
+
 @pytest.mark.parametrize(
     "error",
     [PublishFailed("no confirm within 5s"), ConnectionError("broker gone"), AMQPError("channel closed")],
