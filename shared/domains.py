@@ -1,54 +1,55 @@
 """What a "domain" is: the key every per-site limit, queue and metric hangs on.
 
-A task's domain is its URL's host, lower-cased and IDNA-encoded, with the port when it is
-not the scheme's default, so `http://127.0.0.1:8001/` and `http://127.0.0.1:8002/` are two
-domains (each sandbox site on its own loopback port is its own site), while
-`https://Example.com:443/a` and `https://example.com/b` are one.
+A task's domain is its URL's host as the URL validator normalises it (UTS 46 mapping, IDNA
+2008 A-labels, lower case; see hutch.urls), with the port when it is not the scheme's
+default, so `http://127.0.0.1:8001/` and `http://127.0.0.1:8002/` are two domains (each
+sandbox site on its own loopback port is its own site), while `https://Example.com:443/a`
+and `https://example.com/b` are one.
+
+A domain also names AMQP objects: its frontier routing key, its queue and its event keys.
+AMQP caps each of those at 255 bytes (a short string), and a valid host with a port is up
+to 259; the client library (pamqp) also refuses a queue name with characters outside
+`A-Za-z0-9-_.:@#,/+ `, such as an IPv6 literal's brackets. So a name that is too long or
+holds other characters keeps a readable head, with those characters as `_`, and ends in `_`
+and a hash of the whole (`amqp_name`). `_` is in no valid host name, so a mangled name never
+equals a plain one. The mapping is a pure function of the name, so every service derives
+the same one; nothing reads a domain back out of a name (messages carry their domain).
 """
 
 from __future__ import annotations
 
-from urllib.parse import urlsplit
+import hashlib
+import re
 
-DEFAULT_PORTS = {"http": 80, "https": 443}
+from hutch.urls import InvalidURL, check_url
 
+__all__ = ["MAX_NAME_BYTES", "InvalidURL", "amqp_name", "domain_of", "event_key", "routing_key"]
 
-class InvalidURL(ValueError):
-    """A URL Hutch cannot fetch: not http(s), no host, or a malformed port."""
+MAX_NAME_BYTES = 255  # AMQP short string: queue names, exchange names, routing keys
+HASH_CHARS = 24  # hex digits of SHA-256 kept: 96 bits, no collision among any real set of domains
+_PLAIN = re.compile(r"[A-Za-z0-9._:-]*")  # what every name may hold as it is
+_OTHER = re.compile(r"[^A-Za-z0-9._:-]")
 
 
 def domain_of(url: str) -> str:
-    """The domain key of an absolute http(s) URL; raises InvalidURL otherwise."""
-    try:
-        parts = urlsplit(url.strip())
-        port = parts.port
-    except ValueError as exc:
-        raise InvalidURL(f"malformed URL {url!r}: {exc}") from None
-    scheme = parts.scheme.lower()
-    if scheme not in DEFAULT_PORTS:
-        raise InvalidURL(f"not an http or https URL: {url!r}")
-    host = parts.hostname
-    if not host:
-        raise InvalidURL(f"URL has no host: {url!r}")
-    if any(ch.isspace() for ch in url.strip()):
-        raise InvalidURL(f"URL contains white space: {url!r}")
-    try:
-        host = host.encode("idna").decode("ascii") if not host.isascii() else host
-    except UnicodeError:
-        raise InvalidURL(f"host is not a valid domain name: {url!r}") from None
-    if ":" in host:  # an IPv6 literal keeps its brackets so the port stays unambiguous
-        host = f"[{host}]"
-    if port is not None and port != DEFAULT_PORTS[scheme]:
-        return f"{host}:{port}"
-    return host
+    """The domain key of a URL the validator accepts; raises InvalidURL otherwise."""
+    return check_url(url).domain
+
+
+def amqp_name(name: str) -> str:
+    """`name` itself when short and plain enough for AMQP, else a readable head + `_` + a hash."""
+    if len(name) <= MAX_NAME_BYTES and _PLAIN.fullmatch(name):
+        return name  # plain characters are ASCII: as many bytes as characters
+    digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:HASH_CHARS]
+    head = _OTHER.sub("_", name)[: MAX_NAME_BYTES - HASH_CHARS - 1]
+    return f"{head}_{digest}"
 
 
 def routing_key(domain: str) -> str:
-    """The frontier routing key of a domain (`d.<domain>`)."""
-    return f"d.{domain}"
+    """The frontier routing key of a domain (`d.<domain>`, hashed when too long)."""
+    return amqp_name(f"d.{domain}")
 
 
-def domain_from_routing_key(key: str) -> str:
-    if not key.startswith("d.") or len(key) <= 2:
-        raise ValueError(f"not a frontier routing key: {key!r}")
-    return key[2:]
+def event_key(kind: str, domain: str) -> str:
+    """The events-exchange key of a domain's event (`outcome.<domain>`, `robots.<domain>`)."""
+    return amqp_name(f"{kind}.{domain}")

@@ -3,8 +3,10 @@
 Every service is a `Service`: `run()` sets up logging and tracing, connects (waiting for
 the broker if it is not up yet, as a container started before RabbitMQ must), declares the
 topology, calls `start()`, then on SIGTERM or SIGINT stops consuming, lets in-flight work
-finish within `shutdown_grace` (what does not finish is requeued by the broker when the
-connection closes), calls `stop()` and closes the connection.
+finish within `shutdown_grace`, then asks the service to `abandon()` what still runs (the
+fetcher cancels its fetches and gives their tasks back unspent) and waits a little more for
+those handlers to publish; what is still unacked after that is requeued by the broker when the
+connection closes. Then `stop()`, and the connection is closed.
 """
 
 from __future__ import annotations
@@ -52,6 +54,11 @@ class Service:
     async def start(self) -> None:
         """Declare what the service needs beyond the static topology and start consuming."""
 
+    async def abandon(self) -> int:
+        """Past the grace period: make in-flight handlers finish now (give their work back);
+        how many were cut short. Services whose handlers cannot be cut short return 0."""
+        return 0
+
     async def stop(self) -> None:
         """Release the service's own resources after consuming stopped and work drained."""
 
@@ -84,7 +91,10 @@ class Service:
         log.info("%s stopping: no new work, %.0fs for work in flight", self.name, self.settings.shutdown_grace)
         await self.broker.stop_consuming()
         if not await self.broker.drain(self.settings.shutdown_grace):
-            log.warning("%s: work still in flight after the grace period; the broker will redeliver it", self.name)
+            log.warning("%s: work still in flight after the grace period; giving it back", self.name)
+            # Abandoned handlers publish their work back (one confirm each): give them that long.
+            if await self.abandon() and not await self.broker.drain(self.settings.publish_timeout + 1.0):
+                log.warning("%s: work still in flight; the broker will redeliver it", self.name)
         await self.stop()
         await self.broker.close()
         log.info("%s stopped", self.name)

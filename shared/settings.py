@@ -28,7 +28,14 @@ class Settings(BaseSettings):
     amqp_url: str = Field(
         "amqp://guest:guest@127.0.0.1:5672/", description="RabbitMQ URL (credentials never logged)"
     )
-    namespace: str = Field("hutch", description="prefix of every exchange and queue name")
+    # AMQP caps exchange names at 127 characters: 100 leave room for the longest suffix.
+    namespace: str = Field(
+        "hutch",
+        min_length=1,
+        max_length=100,
+        pattern=r"^[A-Za-z0-9._:-]+$",
+        description="prefix of every exchange and queue name",
+    )
     queue_type: Literal["classic", "quorum"] = Field(
         "classic", description="classic on one node, quorum on a cluster"
     )
@@ -103,7 +110,16 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(
         5 * 1024 * 1024, description="largest decoded response body accepted"
     )
+    max_content_encodings: int = Field(
+        2, ge=0, description="content encodings stacked on one body that are undone; more is bad_encoding"
+    )
+    ca_file: Path | None = Field(
+        None, description="PEM file of the only CAs fetches trust over TLS; default certifi's bundle"
+    )
     max_redirects: int = Field(5, description="redirects followed per task, each a new attempt")
+    max_url_bytes: int = Field(
+        8192, ge=64, description="longest URL accepted, in bytes: each URL submitted and each redirect target"
+    )
     max_attempts: int = Field(5, description="attempts a task may spend before it goes dead")
     max_pause: float = Field(
         600.0, description="longest site-requested wait (Retry-After) that spends no attempt"
@@ -145,7 +161,12 @@ class Settings(BaseSettings):
         60.0, gt=0, description="first ban of a proxy on a domain after a block; doubles with each repeat"
     )
     proxy_ban_max: float = Field(3600.0, gt=0, description="longest ban of a proxy on a domain")
-    proxy_dead_after: int = Field(3, ge=1, description="proxy failures in a row that mark a proxy dead")
+    proxy_dead_after: int = Field(
+        3, ge=1, description="proxy failures in a row that ban a proxy on a domain, or mark it dead"
+    )
+    proxy_dead_domains: int = Field(
+        2, ge=1, description="different domains a streak of proxy failures must span to mark a proxy dead"
+    )
     proxy_probe_url: str | None = Field(
         None, description="URL fetched through a dead proxy to bring it back; unset = retry it after a while"
     )
@@ -173,7 +194,18 @@ class Settings(BaseSettings):
         return value
 
     # Parser
-    parse_workers: int = Field(2, description="threads that run extraction off the event loop")
+    parse_workers: int = Field(
+        2, ge=1, description="worker processes that run extraction, each killed and replaced past its time limit"
+    )
+    parse_timeout: float = Field(
+        10.0, gt=0, description="seconds extraction of one page may take before it goes dead (parse_timeout)"
+    )
+    max_item_bytes: int = Field(
+        1024 * 1024, gt=0, description="largest item, as JSON of its fields; over it (item_too_large)"
+    )
+    parse_memory_mb: int = Field(
+        512, ge=0, description="MiB of address space a parse worker may add to its own (parse_memory); 0 = no cap"
+    )
 
     @field_validator("retry_delays", mode="before")
     @classmethod

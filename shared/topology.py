@@ -15,8 +15,9 @@ oldest dropped: the storer's ledger is the record).
 
 Shape (see the design card):
 - `frontier` (direct, alternate exchange `frontier.unrouted`): key `d.<domain>`, one durable
-  queue `frontier.d.<domain>` per domain, created by the governor when a message for a new
-  domain falls through to `frontier.unrouted`, and recorded in the `domains` stream.
+  queue `frontier.d.<domain>` per domain (either name hashed when too long: hutch.domains),
+  created by the governor when a message for a new domain falls through to
+  `frontier.unrouted`, and recorded in the `domains` stream.
 - `work` (direct): `fetch.ready`, `parse`, `store` queues under their own names as keys.
 - `retry.<delay>`: a fanout exchange and a queue per delay tier with a fixed TTL that
   dead-letters into `frontier` with no dead-letter routing key, so an expired retry re-enters
@@ -35,7 +36,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from hutch.domains import routing_key
+from hutch.domains import amqp_name, routing_key
 
 VERSION = "v3"
 PREVIOUS_VERSIONS = ("v2",)  # whose queues `hutch.migrate` empties into this version's
@@ -145,7 +146,8 @@ class Topology:
         args = self._durable_args(delivery_limit=FRONTIER_DELIVERY_LIMIT)
         args["x-single-active-consumer"] = True
         return QueueSpec(
-            name=f"{self.frontier}.d.{domain}",
+            # A valid AMQP name for any domain and namespace: a long one ends in a hash.
+            name=amqp_name(f"{self.frontier}.d.{domain}"),
             arguments=args,
             bindings=((self.frontier, routing_key(domain)),),
         )

@@ -27,8 +27,17 @@ from hutch.amqp import Broker, BrokerUnreachable, PublishFailed
 from hutch.models import Spec
 from hutch.services import SERVICES, service_class
 from hutch.services.control import dlq
-from hutch.services.control.submit import UrlFileError, check_urls, submit, valid_urls
+from hutch.services.control.submit import (
+    JobNameError,
+    UrlFileError,
+    check_job_name,
+    check_urls,
+    default_job_name,
+    submit,
+    valid_urls,
+)
 from hutch.services.control.supervisor import Supervisor
+from hutch.services.control.terminal import json_text, shown
 from hutch.services.governor.limits import LimitsError, parse_rate_for
 from hutch.services.governor.status import domain_status
 from hutch.services.parser.spec import SpecError, load_spec
@@ -70,8 +79,14 @@ def _rate(text: str) -> float:
     return rate
 
 
-def _default_job(urls_file: Path) -> str:
-    return urls_file.stem or "job"
+def _job(given: str | None, urls_file: Path) -> str:
+    """The job name: `--job` as given when valid, else one made from the file's name."""
+    if given is None:
+        return default_job_name(urls_file)
+    try:
+        return check_job_name(given)
+    except JobNameError as exc:
+        raise UserError(str(exc)) from None
 
 
 def _load_spec(path: str | None) -> Spec | None:
@@ -83,13 +98,13 @@ def _load_spec(path: str | None) -> Spec | None:
         raise UserError(str(exc)) from None
 
 
-def _check_urls(path: Path, skip_invalid: bool) -> int:
+def _check_urls(path: Path, skip_invalid: bool, max_url_bytes: int) -> int:
     try:
-        checked = check_urls(path, skip_invalid)
+        checked = check_urls(path, skip_invalid, max_url_bytes)
     except UrlFileError as exc:
         raise UserError(str(exc)) from None
     for number, text, why in checked.skipped:
-        print(f"skipped line {number}: {text} ({why})", file=sys.stderr)
+        print(f"skipped line {number}: {shown(text[:200])} ({shown(why)})", file=sys.stderr)
     return checked.valid
 
 
@@ -162,7 +177,7 @@ def _export(store_location: str, job: str, out: Path | None) -> int:
         count = 0
         try:
             for item in store.items(job):
-                handle.write(json.dumps(item, ensure_ascii=False) + "\n")
+                handle.write(json_text(item) + "\n")
                 count += 1
         finally:
             if out:
@@ -178,13 +193,21 @@ def _export(store_location: str, job: str, out: Path | None) -> int:
 async def cmd_submit(args: argparse.Namespace) -> int:
     settings = _settings()
     path = Path(args.urls_file)
+    job = _job(args.job, path)
     spec = _load_spec(args.spec)
-    _check_urls(path, args.skip_invalid)
-    job = args.job or _default_job(path)
+    _check_urls(path, args.skip_invalid, settings.max_url_bytes)
     broker = await _connect(settings)
     store = await AsyncStore(settings.store_location).open()
     try:
-        result = await submit(broker, store, job, valid_urls(path), spec, tier_floor=args.tier_floor)
+        result = await submit(
+            broker,
+            store,
+            job,
+            valid_urls(path, settings.max_url_bytes),
+            spec,
+            tier_floor=args.tier_floor,
+            max_url_bytes=settings.max_url_bytes,
+        )
     finally:
         await store.close()
         await broker.close()
@@ -223,14 +246,14 @@ def cmd_status(args: argparse.Namespace) -> int:
     print(f"{'job':<24} {'total':>8} {'stored':>8} {'dead':>8} {'pending':>8} {'in flight':>9}")
     for row in rows:
         print(
-            f"{row.job:<24} {row.total:>8} {row.stored:>8} {row.dead:>8} {row.pending:>8} {row.in_flight:>9}"
+            f"{shown(row.job):<24} {row.total:>8} {row.stored:>8} {row.dead:>8} {row.pending:>8} {row.in_flight:>9}"
         )
     if costs:
         print()
         print(f"{'job':<24} {'domain':<28} {'tier':<12} {'requests':>8} {'ok':>8} {'est. cost':>10}")
         for cost in costs:
             print(
-                f"{cost['job']:<24} {cost['domain']:<28} {cost['tier']:<12} {cost['requests']:>8} "
+                f"{shown(cost['job']):<24} {shown(cost['domain']):<28} {shown(cost['tier']):<12} {cost['requests']:>8} "
                 f"{cost['ok']:>8} {cost['cost']:>10.4f}"
             )
     return 0
@@ -254,7 +277,7 @@ async def cmd_domains(args: argparse.Namespace) -> int:
     for row in rows:
         backlog = "?" if row.get("backlog") is None else str(row["backlog"])
         print(
-            f"{row['domain']:<32} {row['rate']:>7.2f} {row['ceiling']:>7.2f} {row['paused_for']:>8.1f} "
+            f"{shown(row['domain']):<32} {row['rate']:>7.2f} {row['ceiling']:>7.2f} {row['paused_for']:>8.1f} "
             f"{backlog:>8} {row['in_flight']:>9}"
         )
     return 0
@@ -265,7 +288,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else None
     count = _export(settings.store_location, args.job, out)
     if out:
-        print(f"exported {count} items to {out}", file=sys.stderr)
+        print(f"exported {count} items to {shown(out)}", file=sys.stderr)
     return 0
 
 
@@ -369,7 +392,15 @@ async def run_job(
                 await supervisor.wait_ready(timeout=60)
             except TimeoutError as exc:
                 raise UserError(f"{exc}; run with --verbose to see their logs") from None
-        result = await submit(broker, store, job, valid_urls(path), spec, tier_floor=tier_floor)
+        result = await submit(
+            broker,
+            store,
+            job,
+            valid_urls(path, settings.max_url_bytes),
+            spec,
+            tier_floor=tier_floor,
+            max_url_bytes=settings.max_url_bytes,
+        )
         print(f"job {job}: {result.published} tasks submitted", file=sys.stderr)
         deadline = time.monotonic() + timeout if timeout else None
         while True:
@@ -387,7 +418,7 @@ async def run_job(
     out = out or settings.data_dir / f"{job}.jsonl"
     out.parent.mkdir(parents=True, exist_ok=True)
     exported = _export(settings.store_location, job, out)
-    print(f"items: {exported} in {out}", file=sys.stderr)
+    print(f"items: {exported} in {shown(out)}", file=sys.stderr)
     print(_counts_line(counts))
     return counts
 
@@ -401,11 +432,12 @@ async def cmd_run(args: argparse.Namespace) -> int:
             load_pool(args.proxies)
         except PoolError as exc:
             raise UserError(str(exc)) from None
-    _check_urls(path, args.skip_invalid)
+    job = _job(args.job, path)
+    _check_urls(path, args.skip_invalid, settings.max_url_bytes)
     counts = await run_job(
         settings,
         path,
-        args.job or _default_job(path),
+        job,
         spec,
         fetchers=args.fetchers,
         attach=args.attach,
@@ -522,13 +554,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         code = asyncio.run(run(args)) if args.is_async else run(args)
     except UserError as exc:
-        print(f"hutch: {exc}", file=sys.stderr)
+        print(f"hutch: {shown(exc)}", file=sys.stderr)
         code = 2
     except PublishFailed as exc:
-        print(f"hutch: the broker did not accept the work: {exc}", file=sys.stderr)
+        print(f"hutch: the broker did not accept the work: {shown(exc)}", file=sys.stderr)
         code = 2
     except StoreError as exc:
-        print(f"hutch: {exc}", file=sys.stderr)
+        print(f"hutch: {shown(exc)}", file=sys.stderr)
         code = 2
     except KeyboardInterrupt:
         code = 130

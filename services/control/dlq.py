@@ -20,6 +20,7 @@ from typing import Any
 from hutch.amqp import Broker
 from hutch.domains import routing_key
 from hutch.models import DeadLetter
+from hutch.services.control.terminal import json_text, shown
 from hutch.settings import Settings
 from hutch.store import Store
 
@@ -43,20 +44,21 @@ def cmd_list(settings: Settings, args: argparse.Namespace) -> int:
     finally:
         store.close()
     if args.json:
-        print(json.dumps({"groups": groups, "entries": entries}, ensure_ascii=False))
+        print(json_text({"groups": groups, "entries": entries}))
         return 0
     total = sum(group["count"] for group in groups)
     print(f"{total} dead letters")
     print(f"{'count':>7}  {'reason':<18} domain")
     for group in groups:
-        print(f"{group['count']:>7}  {group['reason']:<18} {group['domain'] or '-'}")
+        print(f"{group['count']:>7}  {shown(group['reason']):<18} {shown(group['domain'] or '-')}")
     if entries:
         print()
         print(f"{'id':>6}  {'stage':<8} {'reason':<18} {'tries':>5}  url")
         for entry in entries:
             print(
-                f"{entry['id']:>6}  {entry['stage']:<8} {entry['reason']:<18} "
-                f"{entry['attempts'] if entry['attempts'] is not None else '-':>5}  {entry['url'] or '(undecodable)'}"
+                f"{entry['id']:>6}  {shown(entry['stage']):<8} {shown(entry['reason']):<18} "
+                f"{entry['attempts'] if entry['attempts'] is not None else '-':>5}  "
+                f"{shown(entry['url'] or '(undecodable)')}"
             )
         if limit is not None and len(entries) == limit:
             print(f"(first {limit}; --limit to see more)")
@@ -72,7 +74,7 @@ def cmd_show(settings: Settings, args: argparse.Namespace) -> int:
     if entry is None:
         raise LookupError(f"no dead letter with id {args.id}")
     entry["letter"] = json.loads(entry["letter"])
-    print(json.dumps(entry, indent=2, ensure_ascii=False))
+    print(json_text(entry, indent=2))
     return 0
 
 

@@ -13,20 +13,43 @@ from the job and the URL).
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from hutch.amqp import Broker
-from hutch.domains import InvalidURL, domain_of, routing_key
+from hutch.domains import routing_key
 from hutch.models import Spec, Task, task_id
 from hutch.store import AsyncStore
+from hutch.urls import DEFAULT_MAX_URL_BYTES, InvalidURL, check_url
 
 BATCH = 500
+# A job name becomes a file name (`<data dir>/<job>.jsonl`): no separator, no `..`, no control.
+JOB_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,99}")
 
 
 class UrlFileError(ValueError):
     """A URL file that cannot be submitted as it is."""
+
+
+class JobNameError(ValueError):
+    """A job name outside the rule of `check_job_name`."""
+
+
+def check_job_name(name: str) -> str:
+    """`name` when it is a valid job name: 1-100 letters, digits, `.`, `_`, `-`, no leading dot."""
+    if not JOB_NAME.fullmatch(name):
+        raise JobNameError(
+            f"invalid job name {name[:120]!r}: use 1 to 100 letters, digits, '.', '_' or '-', not starting with a dot"
+        )
+    return name
+
+
+def default_job_name(path: Path) -> str:
+    """A valid job name from a URL file's name: its stem, other characters replaced by `-`."""
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", path.stem).lstrip(".")[:100]
+    return name or "job"
 
 
 @dataclass
@@ -56,11 +79,12 @@ def _lines(path: Path) -> Iterator[tuple[int, str]]:
         raise UrlFileError(f"{path} is not UTF-8 text: {exc.reason} at byte {exc.start}") from None
 
 
-def check_urls(path: Path, skip_invalid: bool = False) -> Checked:
+def check_urls(path: Path, skip_invalid: bool = False, max_url_bytes: int = DEFAULT_MAX_URL_BYTES) -> Checked:
+    """Every line through the URL validator: the first bad one refuses the file, by number."""
     checked = Checked()
     for number, text in _lines(path):
         try:
-            domain_of(text)
+            check_url(text, max_url_bytes)
         except InvalidURL as exc:
             if not skip_invalid:
                 raise UrlFileError(f"{path} line {number}: {exc}") from None
@@ -72,10 +96,11 @@ def check_urls(path: Path, skip_invalid: bool = False) -> Checked:
     return checked
 
 
-def valid_urls(path: Path) -> Iterator[str]:
+def valid_urls(path: Path, max_url_bytes: int = DEFAULT_MAX_URL_BYTES) -> Iterator[str]:
+    """The lines `check_urls` accepted, as written (`submit` normalises them)."""
     for _, text in _lines(path):
         try:
-            domain_of(text)
+            check_url(text, max_url_bytes)
         except InvalidURL:
             continue
         yield text
@@ -89,8 +114,14 @@ async def submit(
     spec: Spec | None,
     progress: Callable[[int], None] | None = None,
     tier_floor: str | None = None,
+    max_url_bytes: int = DEFAULT_MAX_URL_BYTES,
 ) -> Submitted:
-    """Record and publish every URL of `urls` as a task of `job`."""
+    """Record and publish every URL of `urls` as a task of `job`.
+
+    Each task holds its URL as the validator normalised it (the form the fetcher sends, see
+    hutch.urls), and its id derives from that form; an invalid URL raises InvalidURL.
+    """
+    check_job_name(job)
     spec_data = spec.model_dump() if spec else None
     await store.run(lambda s: s.add_job(job, spec_data))
     result = Submitted(job, 0, 0, 0)
@@ -110,11 +141,13 @@ async def submit(
             progress(len(batch))
         batch.clear()
 
-    for url in urls:
+    for text in urls:
         result.lines += 1
+        checked = check_url(text, max_url_bytes)
+        url = checked.url
         tid = task_id(job, url)
         if tid not in batch:
-            batch[tid] = Task(id=tid, job=job, url=url, domain=domain_of(url), spec=spec, tier_floor=tier_floor)
+            batch[tid] = Task(id=tid, job=job, url=url, domain=checked.domain, spec=spec, tier_floor=tier_floor)
         if len(batch) >= BATCH:
             await flush()
     if batch:

@@ -27,13 +27,14 @@ import httpx
 from aio_pika.exceptions import AMQPError
 
 from hutch.amqp import Delivery, PublishFailed, RpcClient
-from hutch.domains import InvalidURL, domain_of, routing_key
+from hutch.domains import event_key, routing_key
 from hutch.models import Attempt, Event, FetcherHeartbeat, Lease, LeaseRequest, Page, RobotsFetched, Task
 from hutch.service import Service
 from hutch.services.fetcher.charsets import decode_body
 from hutch.services.fetcher.fetch import fetch, make_client
 from hutch.services.fetcher.guard import TargetGuard, parse_overrides
 from hutch.services.fetcher.policy import Decision, FetchResult, decide, load_policy
+from hutch.urls import InvalidURL, check_url
 
 log = logging.getLogger(__name__)
 HEARTBEAT = 1.0  # seconds
@@ -59,6 +60,7 @@ class Fetcher(Service):
         )
         self.guard = TargetGuard(s.allowed_targets, s.allow_private_networks, parse_overrides(s.resolve))
         self.clients: dict[str | None, httpx.AsyncClient] = {}
+        self._fetches: set[asyncio.Task[FetchResult]] = set()
         self.busy = 0
         self.rpc = await RpcClient(self.broker).start() if s.use_proxy_manager else None
         await self.broker.consume(
@@ -66,10 +68,21 @@ class Fetcher(Service):
         )
         self._heartbeat = asyncio.create_task(self._beat())
 
+    async def abandon(self) -> int:
+        """Past the shutdown grace: cancel the fetches still running. Their handlers give the
+        tasks back to their domain queues unspent (`_fetch` returns None); the HTTP clients stay
+        open until no fetch uses them."""
+        running = list(self._fetches)
+        for job in running:
+            job.cancel()
+        await asyncio.gather(*running, return_exceptions=True)
+        return len(running)
+
     async def stop(self) -> None:
         self._heartbeat.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._heartbeat
+        await self.abandon()  # nothing runs by now, unless a handler outlived the second drain
         await asyncio.gather(*(client.aclose() for client in self.clients.values()))
 
     async def _beat(self) -> None:
@@ -94,8 +107,35 @@ class Fetcher(Service):
                 connect_timeout=s.connect_timeout,
                 read_timeout=s.read_timeout,
                 max_connections=max(s.concurrency, 10),
+                ca_file=str(s.ca_file) if s.ca_file else None,
             )
         return client
+
+    async def _fetch(self, task: Task, lease: Lease) -> FetchResult | None:
+        """One fetch as its own asyncio task, so a shutdown can cancel it without cancelling the
+        handler; None when it was cancelled that way."""
+        job = asyncio.create_task(
+            fetch(
+                self._client(lease.url),
+                task.fetch_url or task.url,
+                domain=task.domain,
+                guard=self.guard,
+                proxy=lease.url,
+                policy=self.policy,
+                total_timeout=self.settings.total_timeout,
+                max_body_bytes=self.settings.max_body_bytes,
+                max_encodings=self.settings.max_content_encodings,
+            )
+        )
+        self._fetches.add(job)
+        try:
+            await asyncio.wait({job})
+        except asyncio.CancelledError:
+            job.cancel()
+            raise
+        finally:
+            self._fetches.discard(job)
+        return None if job.cancelled() else job.result()
 
     async def _lease(self, task: Task) -> Lease:
         if self.rpc is None:
@@ -141,19 +181,13 @@ class Fetcher(Service):
                 return
             started = time.monotonic()
             try:
-                result = await fetch(
-                    self._client(lease.url),
-                    task.fetch_url or task.url,
-                    domain=task.domain,
-                    guard=self.guard,
-                    proxied=lease.url is not None,
-                    policy=self.policy,
-                    total_timeout=self.settings.total_timeout,
-                    max_body_bytes=self.settings.max_body_bytes,
-                )
+                result = await self._fetch(task, lease)
             except Exception as exc:  # a bug or an input nothing foresaw: an outcome like any other
                 log.exception("fetching task %s failed unexpectedly", task.id)
                 result = _error(exc, time.monotonic() - started)
+            if result is None:  # cut off by a shutdown: back to the frontier, unspent
+                await self._back_to_frontier(task, "shutdown")
+                return
         finally:
             self.busy -= 1
         await self._outcome(task, lease, result)
@@ -212,7 +246,7 @@ class Fetcher(Service):
             text=text[:512 * 1024],
             outcome=result.outcome,
         )
-        await self.broker.publish(self.broker.topology.events, f"robots.{task.domain}", robots)
+        await self.broker.publish(self.broker.topology.events, event_key("robots", task.domain), robots)
         await self._event(task, result.outcome, "dead", status=result.status, lease=lease, elapsed=result.elapsed)
 
     async def _route(self, task: Task, lease: Lease, result: FetchResult, decision: Decision) -> None:
@@ -242,11 +276,14 @@ class Fetcher(Service):
         action = decision.action
         reason, detail = decision.reason, decision.detail or result.detail
         if decision.reason == "redirect":
+            # Every hop goes through the one URL validator and the next attempt fetches its
+            # normalised form, so the guard and the request see the same host.
             try:
-                target = result.location or ""
-                update.update(fetch_url=target, domain=domain_of(target), redirects=task.redirects + 1)
+                target = check_url(result.location or "", self.settings.max_url_bytes)
+                update.update(fetch_url=target.url, domain=target.domain, redirects=task.redirects + 1)
             except InvalidURL as exc:
-                action, reason, detail = "dead", "invalid_url", f"redirect to {exc}"
+                hop = f"redirect {task.redirects + 1} from {task.fetch_url or task.url}"
+                action, reason, detail = "dead", "invalid_url", f"{hop}: {exc}"
             if task.redirects + 1 > self.settings.max_redirects:
                 action, reason, detail = "dead", "redirects", f"more than {self.settings.max_redirects} redirects"
         task = task.model_copy(update=update)
@@ -309,7 +346,7 @@ class Fetcher(Service):
             next=next_step,  # type: ignore[arg-type]
             delay=delay,
         )
-        await self.broker.publish(self.broker.topology.events, f"outcome.{task.domain}", event)
+        await self.broker.publish(self.broker.topology.events, event_key("outcome", task.domain), event)
 
 
 def _error(exc: Exception, elapsed: float, status: int | None = None) -> FetchResult:

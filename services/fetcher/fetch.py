@@ -2,8 +2,16 @@
 
 httpx's connect and read timeouts bound each step, but a site that trickles one byte per
 second never trips a read timeout; the total deadline (`asyncio.timeout`) bounds the whole
-fetch so no site can hold a fetch slot. The body cap counts decoded bytes while streaming,
-so a compressed bomb or an endless body is cut off early. Redirects are not followed here:
+fetch so no site can hold a fetch slot. The body is read raw and its content encodings undone here in bounded
+steps (decoding.py), so the cap holds on decoded bytes at every step and a compressed bomb
+or an endless body is cut off early with memory bounded; a response head over httpcore's
+100 KiB is refused by h11 and ends `too_large` too.
+
+Through a forward proxy, an answer counts as the proxy's own failure only when the proxy says
+so: a `Proxy-Status` whose first member names the leased proxy (by the host or host:port of
+its URL) with an error, or a 407 that came with such a `Proxy-Status`; a 407 to a CONNECT
+fails the tunnel (`httpx.ProxyError`). A 407 or `Proxy-Status` sent by the site is the site's
+answer, whoever carried it. Without a proxy nothing is ever a proxy failure. Redirects are not followed here:
 each hop is a request to a site and goes back through the governor as a new attempt (see
 policy.py). Every failure becomes a `FetchResult` whose outcome is a key of
 `policy.DEFAULT_RULES`; nothing here raises.
@@ -13,12 +21,16 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
+import ssl
 import time
 from urllib.parse import urljoin, urlsplit
 
+import certifi
+import h11
 import httpcore
 import httpx
 
+from hutch.services.fetcher.decoding import ACCEPT_ENCODING, BadEncoding, BodyDecoder, BodyTooLarge
 from hutch.services.fetcher.guard import ForbiddenTarget, GuardedBackend, ResolveError, TargetGuard
 from hutch.services.fetcher.policy import FetchResult, Policy, outcome_of_status
 
@@ -36,8 +48,27 @@ DESTINATION_ERRORS = (
 )
 
 
-class BodyTooLarge(Exception):
-    pass
+def tls_context(ca_file: str | None) -> ssl.SSLContext:
+    """The certificates a fetch trusts: certifi's bundle (httpx's default), or only `ca_file`
+    (HUTCH_CA_FILE)."""
+    return ssl.create_default_context(cafile=ca_file or certifi.where())
+
+
+LOCATION = "hutch.location"  # where a redirect's raw Location waits for the URL validator
+
+
+async def _hold_location(response: httpx.Response) -> None:
+    """Move a redirect's Location out of httpx's reach, into the response's extensions.
+
+    Even with redirects off, httpx parses a redirect target itself (for `next_request`) and
+    raises on a malformed one (an IDNA error, a control character) before the response is
+    handed back, so the task never learnt why. Hutch checks every hop with its own URL
+    validator instead (see hutch.urls), which needs the header as the site sent it.
+    """
+    location = response.headers.get("location")
+    if location is not None:
+        response.extensions[LOCATION] = location
+        del response.headers["location"]
 
 
 def make_client(
@@ -48,13 +79,15 @@ def make_client(
     connect_timeout: float,
     read_timeout: float,
     max_connections: int = 100,
+    ca_file: str | None = None,
 ) -> httpx.AsyncClient:
     limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=20)
-    transport = httpx.AsyncHTTPTransport(proxy=proxy, limits=limits, trust_env=False)
+    context = tls_context(ca_file)
+    transport = httpx.AsyncHTTPTransport(proxy=proxy, limits=limits, trust_env=False, verify=context)
     if proxy is None:
         # Direct connections go only to addresses the guard checked (no DNS rebinding).
         transport._pool = httpcore.AsyncConnectionPool(
-            ssl_context=httpx.create_ssl_context(trust_env=False),
+            ssl_context=context,
             max_connections=limits.max_connections,
             max_keepalive_connections=limits.max_keepalive_connections,
             keepalive_expiry=limits.keepalive_expiry,
@@ -62,9 +95,10 @@ def make_client(
         )
     return httpx.AsyncClient(
         transport=transport,
-        headers={"User-Agent": user_agent},
+        headers={"User-Agent": user_agent, "Accept-Encoding": ACCEPT_ENCODING},
         timeout=httpx.Timeout(connect=connect_timeout, read=read_timeout, write=read_timeout, pool=connect_timeout),
         follow_redirects=False,
+        event_hooks={"response": [_hold_location]},
         trust_env=False,  # never pick up HTTP_PROXY and friends behind the proxy-manager's back
     )
 
@@ -83,17 +117,57 @@ def parse_retry_after(value: str | None, now: float) -> float | None:
     return max(0.0, when.timestamp() - now)
 
 
-def _proxy_error(response: httpx.Response) -> str | None:
-    """The proxy's own error, when the response came from the proxy and not the site."""
-    if response.status_code == 407:
+def proxy_names(proxy_url: str | None) -> frozenset[str]:
+    """The names by which the proxy at `proxy_url` may sign its `Proxy-Status`: host, host:port."""
+    if not proxy_url:
+        return frozenset()
+    parts = urlsplit(proxy_url)
+    host = (parts.hostname or "").lower()
+    if not host:
+        return frozenset()
+    shown = f"[{host}]" if ":" in host else host
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    return frozenset({host, shown, f"{shown}:{port}"})
+
+
+def first_proxy_status(value: str) -> tuple[str, dict[str, str]]:
+    """The first member of a Proxy-Status field (RFC 9209): its name and its parameters."""
+    member = value[:4096].split(",", 1)[0]
+    name, *params = member.split(";")
+    found: dict[str, str] = {}
+    for param in params:
+        key, _, raw = param.partition("=")
+        found[key.strip().lower()] = raw.strip().strip('"')
+    return name.strip().strip('"').lower(), found
+
+
+def proxy_error(status: int, proxy_status: str | None, names: frozenset[str]) -> str | None:
+    """The leased proxy's own failure, when the answer says it came from that proxy, else None.
+
+    `names` is empty for a direct fetch: then nothing is a proxy failure."""
+    if not names or not proxy_status:
+        return None
+    name, params = first_proxy_status(proxy_status)
+    if name not in names:
+        return None  # the site's own Proxy-Status (its CDN, or a hostile page), not our proxy's
+    if status == 407:
         return "proxy authentication required"
-    status = response.headers.get("proxy-status", "")
-    if "error=" not in status or response.status_code < 400:
+    error = params.get("error")
+    if status < 400 or not error or error in DESTINATION_ERRORS:
         return None
-    error = status.split("error=", 1)[1].split(";")[0].strip()
-    if error in DESTINATION_ERRORS:
-        return None
-    return f"proxy error {error} (HTTP {response.status_code})"
+    return f"proxy error {error[:64]} (HTTP {status})"
+
+
+def _head_too_large(exc: BaseException) -> bool:
+    """Whether h11 refused the response head as too long (httpx wraps it twice)."""
+    seen: BaseException | None = exc
+    for _ in range(4):
+        if seen is None:
+            return False
+        if isinstance(seen, h11.RemoteProtocolError) and seen.error_status_hint == 431:
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 async def fetch(
@@ -102,41 +176,50 @@ async def fetch(
     *,
     domain: str,
     guard: TargetGuard,
-    proxied: bool,
+    proxy: str | None,
     policy: Policy,
     total_timeout: float,
     max_body_bytes: int,
+    max_encodings: int = 2,
 ) -> FetchResult:
     started = time.monotonic()
+    proxied = proxy is not None
 
     def elapsed() -> float:
         return time.monotonic() - started
 
     try:
         async with asyncio.timeout(total_timeout):
+            request = client.build_request("GET", url)
+            # Inside a CONNECT tunnel (https) every answer is the site's: the proxy cannot write there.
+            names = proxy_names(proxy) if request.url.scheme == "http" else frozenset()
             if proxied:
-                parts = urlsplit(url)
-                await guard.check(parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80))
-            async with client.stream("GET", url) as response:
+                # The host exactly as it goes on the wire (IDNA-encoded by httpx), so the guard
+                # checks the name the proxy will resolve. Direct connections are checked by
+                # GuardedBackend, which sees the same host.
+                wire = request.url
+                port = wire.port or (443 if wire.scheme == "https" else 80)
+                await guard.check(wire.raw_host.decode("ascii"), port)
+            response = await client.send(request, stream=True)
+            try:
                 status = response.status_code
-                if proxied and (error := _proxy_error(response)):
+                if error := proxy_error(status, response.headers.get("proxy-status"), names):
                     return FetchResult("proxy_failure", elapsed(), status=status, detail=error)
                 outcome = outcome_of_status(status)
                 location = None
                 if outcome == "redirect":
-                    target = response.headers.get("location")
+                    target = response.extensions.get(LOCATION)
                     if not target:
                         return FetchResult("client_error", elapsed(), status=status, detail="redirect without Location")
-                    location = urljoin(url, target)
+                    try:
+                        location = urljoin(url, target)
+                    except ValueError:  # unparseable: the fetcher's URL validator says why
+                        location = target
                     return FetchResult("redirect", elapsed(), status=status, location=location, detail=f"-> {location}")
-                chunks: list[bytes] = []
-                size = 0
-                async for chunk in response.aiter_bytes():
-                    size += len(chunk)
-                    if size > max_body_bytes:
-                        raise BodyTooLarge(f"body over {max_body_bytes} bytes")
-                    chunks.append(chunk)
-                body = b"".join(chunks)
+                decoder = BodyDecoder(response.headers.get("content-encoding"), max_body_bytes, max_encodings)
+                async for chunk in response.aiter_raw():
+                    decoder.feed(chunk)
+                body = decoder.body()
                 if outcome in ("ok", "blocked") and policy.is_block(domain, status, body):
                     outcome = "blocked"
                 return FetchResult(
@@ -151,12 +234,16 @@ async def fetch(
                         "" if status < 300 else f"HTTP {status}"
                     ),
                 )
+            finally:
+                await response.aclose()
     except ForbiddenTarget as exc:
         return FetchResult("forbidden_target", elapsed(), detail=str(exc))
     except ResolveError as exc:
         return FetchResult("reset", elapsed(), detail=str(exc))
     except BodyTooLarge as exc:
         return FetchResult("too_large", elapsed(), detail=str(exc))
+    except BadEncoding as exc:
+        return FetchResult("bad_encoding", elapsed(), detail=str(exc))
     except TimeoutError:
         return FetchResult("timeout", elapsed(), detail=f"no complete answer within {total_timeout}s")
     except httpx.ProxyError as exc:
@@ -170,5 +257,9 @@ async def fetch(
         return FetchResult("timeout", elapsed(), detail=type(exc).__name__)
     except (httpx.UnsupportedProtocol, httpx.InvalidURL) as exc:
         return FetchResult("invalid_url", elapsed(), detail=str(exc))
+    except httpx.RemoteProtocolError as exc:
+        if _head_too_large(exc):
+            return FetchResult("too_large", elapsed(), detail="response head over 100 KiB")
+        return FetchResult("reset", elapsed(), detail=f"{type(exc).__name__}: {exc}".rstrip(": "))
     except (httpx.TransportError, httpx.DecodingError) as exc:
         return FetchResult("reset", elapsed(), detail=f"{type(exc).__name__}: {exc}".rstrip(": "))

@@ -3,7 +3,8 @@
 A URL list is input from outside; without a guard, `http://169.254.169.254/latest/meta-data/`
 or `http://10.0.0.5:6379/` would be fetched from inside your network like any page. Targets
 that resolve to loopback, private, link-local, cloud-metadata, unspecified, multicast or
-reserved addresses are refused, unless `host:port` (as written in the URL, or as resolved)
+reserved addresses are refused (and IPv6 addresses that embed such an IPv4 address: 6to4,
+Teredo, IPv4-mapped; and site-local `fec0::/10`), unless `host:port` (as written in the URL, or as resolved)
 is in the allowlist (`HUTCH_ALLOWED_TARGETS`) or private networks are allowed outright
 (`HUTCH_ALLOW_PRIVATE_NETWORKS`).
 
@@ -45,10 +46,32 @@ class ResolveError(Exception):
     """A host name that does not resolve."""
 
 
+# Deprecated site-local IPv6 (RFC 3879); Python's ipaddress still calls it global.
+SITE_LOCAL = ipaddress.IPv6Network("fec0::/10")
+
+
+def _embedded(address: ipaddress.IPv6Address) -> list[tuple[str, ipaddress.IPv4Address]]:
+    """IPv4 addresses an IPv6 address carries, which a tunnel or a NAT64 gateway may reach."""
+    found: list[tuple[str, ipaddress.IPv4Address]] = []
+    if address.sixtofour is not None:  # 2002::/16
+        found.append(("6to4", address.sixtofour))
+    if address.teredo is not None:  # 2001::/32: (server, client)
+        found.extend(("Teredo", embedded) for embedded in address.teredo)
+    return found
+
+
 def why_forbidden(address: IPAddress) -> str | None:
     """The reason an address is not a public internet address, or None when it is."""
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        address = address.ipv4_mapped
+    if isinstance(address, ipaddress.IPv6Address):
+        if address.ipv4_mapped is not None:
+            address = address.ipv4_mapped
+        elif address in SITE_LOCAL:
+            return "site-local"
+        else:
+            for kind, embedded in _embedded(address):
+                reason = why_forbidden(embedded)
+                if reason is not None:
+                    return f"{kind} address embedding {embedded} ({reason})"
     if address in METADATA:
         return "cloud metadata"
     if address.is_loopback:

@@ -22,7 +22,8 @@ Outcomes and their default rules:
   only past `HUTCH_MAX_PAUSE` or `HUTCH_MAX_THROTTLES`.
 - redirect (3xx with a Location): a new attempt at the target through its domain's
   queue; spends nothing.
-- not_found (404, 410), client_error (other 4xx), too_large, redirects (too many),
+- not_found (404, 410), client_error (other 4xx), too_large, bad_encoding (a content
+  encoding unknown, stacked too deep or corrupt), redirects (too many),
   invalid_url, forbidden_target (refused by the SSRF guard): dead at once.
 - crashed (a fetcher died holding the task), error (an exception nothing foresaw):
   exponential backoff; spend an attempt.
@@ -89,6 +90,7 @@ DEFAULT_RULES: dict[str, Rule] = {
     "not_found": Rule(retry=False),
     "client_error": Rule(retry=False),
     "too_large": Rule(retry=False),
+    "bad_encoding": Rule(retry=False),
     "redirects": Rule(retry=False),
     "invalid_url": Rule(retry=False),
     "forbidden_target": Rule(retry=False),

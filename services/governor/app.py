@@ -54,7 +54,7 @@ from dataclasses import dataclass, field
 from aio_pika.abc import AbstractChannel, AbstractQueue
 
 from hutch.amqp import Broker, Consumer, Dead, Delivery, PublishFailed, Requeue, declare_queue
-from hutch.domains import domain_from_routing_key, routing_key
+from hutch.domains import routing_key
 from hutch.migrate import migrate
 from hutch.models import (
     DecodeError,
@@ -333,7 +333,8 @@ class Governor(Service):
     # -- domains -------------------------------------------------------------------
 
     async def _on_unrouted(self, task: Task, message: Delivery) -> None:
-        domain = domain_from_routing_key(message.routing_key or "")
+        # The task names its domain; a routing key may be a hashed form (hutch.domains).
+        domain = task.domain
         topology = self.broker.topology
         known = domain in self.domains
         channel = await self.broker.channel()

@@ -1,9 +1,13 @@
 """robots.txt: parsing and matching on Hutch's User-Agent, and the per-origin cache.
 
-Matching is `urllib.robotparser`'s (groups picked by the product token of the User-Agent,
-`Hutch` for `Hutch/0.1 (...)`, else `*`; first matching rule wins). `Crawl-delay` (which
-robotparser reads only as a whole number) and `Request-rate` are read here for the same
-group and become a rate ceiling for the domain.
+Matching is RFC 9309's, through Protego (Scrapy's parser): the group is picked by the
+product token of the User-Agent (`hutch` for `Hutch/0.1 (...)`, else `*`), paths match with
+`*` and `$` wildcards, and the longest matching rule wins, `Allow` on a tie. The stdlib's
+`urllib.robotparser` took the first matching rule and no wildcards, so `Disallow: /*.pdf$`
+let every PDF through and an early `Allow: /` undid a later `Disallow: /private`.
+`Crawl-delay` and `Request-rate` of the same group, as Protego reads them, become a rate
+ceiling for the domain. Only the first `MAX_ROBOTS_BYTES` of a file are parsed (RFC 9309
+asks parsers to read at least 500 KiB), so a huge robots.txt costs bounded time.
 
 The cache is the fleet's: every governor hears every `robots.<domain>` result. An origin is
 
@@ -18,10 +22,13 @@ The cache is the fleet's: every governor hears every `robots.<domain>` result. A
 
 from __future__ import annotations
 
-import urllib.robotparser
 from dataclasses import dataclass, field
 from typing import Literal
 from urllib.parse import urlsplit
+
+from protego import Protego
+
+MAX_ROBOTS_BYTES = 512 * 1024
 
 
 def origin_of(url: str) -> str:
@@ -34,88 +41,54 @@ def robots_url(origin: str) -> str:
     return f"{origin}/robots.txt"
 
 
-def _product(user_agent: str) -> str:
+def product_token(user_agent: str) -> str:
+    """The product token robots.txt groups are matched on: `hutch` for `Hutch/0.1 (...)`.
+
+    Matching the whole header instead would let a group named after any word in the
+    comment (`User-agent: scraping`) apply to Hutch.
+    """
     return user_agent.split("/")[0].strip().lower()
-
-
-def _delays(text: str, product: str) -> tuple[float | None, float | None]:
-    """(Crawl-delay seconds, Request-rate per second) of the group that applies to `product`."""
-    groups: list[tuple[list[str], dict[str, str]]] = []
-    agents: list[str] = []
-    values: dict[str, str] = {}
-    in_rules = False
-    for raw in text.splitlines():
-        line = raw.split("#", 1)[0].strip()
-        if ":" not in line:
-            continue
-        name, _, value = line.partition(":")
-        name, value = name.strip().lower(), value.strip()
-        if name == "user-agent":
-            if in_rules:
-                groups.append((agents, values))
-                agents, values, in_rules = [], {}, False
-            agents.append(value.lower())
-        elif agents:
-            in_rules = True
-            if name in ("crawl-delay", "request-rate"):
-                values.setdefault(name, value)
-    if agents:
-        groups.append((agents, values))
-    chosen = next((v for a, v in groups if any(x != "*" and x in product for x in a)), None)
-    if chosen is None:
-        chosen = next((v for a, v in groups if "*" in a), {})
-    delay = rate = None
-    try:
-        if "crawl-delay" in chosen:
-            delay = float(chosen["crawl-delay"])
-            if delay < 0 or delay != delay:
-                delay = None
-    except ValueError:
-        delay = None
-    try:
-        if "request-rate" in chosen:
-            requests, _, seconds = chosen["request-rate"].partition("/")
-            per = float(seconds.strip().rstrip("smhSMH") or 1)
-            unit = seconds.strip()[-1:].lower()
-            per *= {"m": 60, "h": 3600}.get(unit, 1)
-            if float(requests) > 0 and per > 0:
-                rate = float(requests) / per
-    except ValueError:
-        rate = None
-    return delay, rate
 
 
 @dataclass
 class RobotsRules:
-    """The rules of one robots.txt for one User-Agent."""
+    """The rules of one robots.txt for one User-Agent.
+
+    `parser` None means no file to match: `default` (allow all, or disallow all) decides.
+    """
 
     user_agent: str
-    parser: urllib.robotparser.RobotFileParser
+    parser: Protego | None = None
+    default: bool = True
     crawl_delay: float | None = None
     request_rate: float | None = None
     why: str = "robots.txt"
 
     @classmethod
     def parse(cls, text: str, user_agent: str) -> RobotsRules:
-        parser = urllib.robotparser.RobotFileParser()
-        parser.parse(text.splitlines())
-        delay, rate = _delays(text, _product(user_agent))
-        return cls(user_agent, parser, delay, rate)
+        parser = Protego.parse(text[:MAX_ROBOTS_BYTES])
+        token = product_token(user_agent)
+        delay = parser.crawl_delay(token)
+        rate = parser.request_rate(token)
+        return cls(
+            user_agent,
+            parser,
+            crawl_delay=delay if delay else None,
+            request_rate=rate.requests / rate.seconds if rate is not None else None,
+        )
 
     @classmethod
     def allow_all(cls, user_agent: str, why: str = "no robots.txt") -> RobotsRules:
-        parser = urllib.robotparser.RobotFileParser()
-        parser.allow_all = True
-        return cls(user_agent, parser, why=why)
+        return cls(user_agent, None, default=True, why=why)
 
     @classmethod
     def disallow_all(cls, user_agent: str, why: str) -> RobotsRules:
-        parser = urllib.robotparser.RobotFileParser()
-        parser.disallow_all = True
-        return cls(user_agent, parser, why=why)
+        return cls(user_agent, None, default=False, why=why)
 
     def allowed(self, url: str) -> bool:
-        return self.parser.can_fetch(self.user_agent, url)
+        if self.parser is None:
+            return self.default
+        return self.parser.can_fetch(url, product_token(self.user_agent))
 
     @property
     def rate_cap(self) -> float | None:

@@ -1,43 +1,44 @@
 """The parser's wiring: pages in from `parse`, items out to `store`.
 
-Extraction runs in a small thread pool (`HUTCH_PARSE_WORKERS`); lxml releases the GIL
-for most of its work, and the event loop stays free for heartbeats and acks. A page that
-fails to parse goes dead with stage `parse`; replaying it re-parses without a re-fetch.
+Extraction runs in worker processes (pool.py, `HUTCH_PARSE_WORKERS`) with a time limit per
+page (`HUTCH_PARSE_TIMEOUT`), a cap on each item's JSON (`HUTCH_MAX_ITEM_BYTES`) and on a
+worker's memory (`HUTCH_PARSE_MEMORY_MB`), so neither a hostile page nor a costly spec can
+stall the parser or take it down, and the event loop stays free for heartbeats and acks. A
+page that goes over a limit, or fails to parse, goes dead with stage `parse` and the reason
+(`parse_timeout`, `item_too_large`, `parse_memory`, `parse_crash`, `parse_error`); replaying
+it re-parses without a re-fetch.
 """
 
 from __future__ import annotations
 
-import asyncio
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 from hutch.amqp import Dead, Delivery
 from hutch.models import Item, Page
 from hutch.service import Service
-from hutch.services.parser.extract import extract
+from hutch.services.parser.pool import Limits, ParseFailed, ParsePool
 
 
 class Parser(Service):
     name = "parser"
 
     async def start(self) -> None:
-        workers = self.settings.parse_workers
-        self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="parse")
+        s = self.settings
+        limits = Limits(s.parse_timeout, s.max_item_bytes, s.parse_memory_mb * 1024 * 1024)
+        self.pool = ParsePool(s.parse_workers, limits)
+        await self.pool.start()
         await self.broker.consume(
-            self.broker.topology.parse, Page, self._on_page, stage="parse", prefetch=workers * 4
+            self.broker.topology.parse, Page, self._on_page, stage="parse", prefetch=s.parse_workers * 2
         )
 
     async def stop(self) -> None:
-        self.pool.shutdown(wait=True)
+        await self.pool.close()
 
     async def _on_page(self, page: Page, _: Delivery) -> None:
-        loop = asyncio.get_running_loop()
         try:
-            fields = await loop.run_in_executor(
-                self.pool, extract, page.text, page.final_url, page.status, page.task.spec
-            )
-        except Exception as exc:
-            raise Dead("parse", f"{type(exc).__name__}: {exc}", task=page.task) from None
+            fields = await self.pool.extract(page.text, page.final_url, page.status, page.task.spec)
+        except ParseFailed as failed:
+            raise Dead(failed.reason, failed.detail, task=page.task) from None
         item = Item(task=page.task, status=page.status, fields=fields, parsed_at=time.time())
         await self.broker.publish(self.broker.topology.work, "store", item)
 

@@ -50,6 +50,7 @@ def selector_config(settings: Settings, probe_url: str | None = None) -> Selecto
             ban_seconds=s.proxy_ban_seconds,
             ban_max=s.proxy_ban_max,
             dead_after=s.proxy_dead_after,
+            dead_domains=s.proxy_dead_domains,
             probe_interval=s.proxy_probe_interval,
             active_probe=(probe_url or s.proxy_probe_url) is not None,
         ),

@@ -2,10 +2,15 @@
 
 Two different things go wrong with a proxy, and they call for different answers:
 
-- the proxy itself fails (refuses, errors, times out: outcome `proxy_failure`): that is the
-  proxy's problem on every site. `dead_after` of them in a row mark it dead; it is then
-  leased to nobody until a probe (a real request through it) succeeds, or, with no probe
-  URL configured, until `probe_interval` has passed and one trial lease goes well.
+- the proxy itself fails (refuses, errors, times out: outcome `proxy_failure`). That may be
+  the proxy's problem on every site, or one site's doing (a hostile site can make a proxy
+  choke), so it counts per (proxy, domain) first: `dead_after` of them in a row on one domain
+  ban the proxy for that domain (the same growing cooldown as a block). The proxy is dead for
+  everyone only when `dead_after` failures in a row came from at least `dead_domains`
+  different domains (or from one, when `dead_after` is below `dead_domains`): one hostile
+  domain cannot empty the pool for every other job. A dead proxy is leased to nobody until a
+  probe (a real request through it) succeeds, or, with no probe URL configured, until
+  `probe_interval` has passed and one trial lease goes well.
   A proxy that resets connections looks to a fetcher like a site that does (a proxy passes
   a site's reset on as a reset), so a fetcher reports `reset`. The manager sees the fleet:
   `2 x dead_after` attempts in a row through one proxy that got no HTTP answer at all
@@ -38,6 +43,7 @@ SAMPLES: dict[str, tuple[float | None, float | None]] = {
     "not_found": (1.0, 1.0),
     "client_error": (1.0, 1.0),
     "too_large": (1.0, 1.0),
+    "bad_encoding": (1.0, 1.0),
     "redirect": (1.0, 1.0),
     "redirects": (1.0, 1.0),
     "blocked": (1.0, 0.0),
@@ -64,6 +70,7 @@ NO_ANSWER = ("proxy_failure", "reset", "timeout")
 class ProxyState:
     health: float = 1.0
     failures: int = 0  # proxy failures in a row
+    failure_domains: list[str] = field(default_factory=list)  # the domains of that streak (8 at most)
     silent: int = 0  # attempts in a row with no HTTP answer (proxy failures, resets, timeouts)
     silent_since: float = 0.0
     silent_domains: list[str] = field(default_factory=list)
@@ -79,6 +86,7 @@ class PairState:
     bans: int = 0
     last_block: float = 0.0
     next_free: float = 0.0  # the rate cap: no lease for this pair before then
+    failures: int = 0  # proxy failures in a row on this domain
 
 
 @dataclass(frozen=True)
@@ -86,6 +94,7 @@ class HealthConfig:
     ban_seconds: float = 60.0
     ban_max: float = 3600.0
     dead_after: int = 3
+    dead_domains: int = 2  # distinct domains a streak of proxy failures must span to kill a proxy
     probe_interval: float = 30.0
     active_probe: bool = False  # a probe URL is configured: only a probe revives a dead proxy
 
@@ -168,7 +177,7 @@ class Health:
             state.health += ALPHA * (proxy_sample - state.health)
         if outcome in NO_ANSWER:
             if outcome == "proxy_failure":
-                state.failures += 1
+                self._count_failure(proxy_id, state, domain)
             if state.silent == 0:
                 state.silent_since = now
                 state.silent_domains = []
@@ -177,12 +186,18 @@ class Health:
                 state.silent_domains.append(domain)
             if state.dead_since is not None:
                 state.next_probe = now + self.config.probe_interval  # its trial lease failed too
-            elif state.failures >= self.config.dead_after or self._silent_alone(state):
+            elif self._failing_everywhere(state) or self._silent_alone(state):
                 state.dead_since = now
                 state.next_probe = now + self.config.probe_interval
                 changes.append(Change("dead", proxy_id))
+            elif outcome == "proxy_failure" and self.pair(proxy_id, domain).failures >= self.config.dead_after:
+                # Failing on this domain only, so far: out of its pool, not everyone's.
+                seconds = self._ban(proxy_id, domain, now)
+                if seconds is not None:
+                    changes.append(Change("banned", proxy_id, domain, seconds))
         elif proxy_sample == 1.0:
             state.failures = 0
+            state.failure_domains = []
             state.silent = 0
             self.answered[domain] = now
             if state.dead_since is not None:
@@ -190,11 +205,27 @@ class Health:
         if pair_sample is not None:
             pair = self.pair(proxy_id, domain)
             pair.health += ALPHA * (pair_sample - pair.health)
+            if outcome not in NO_ANSWER:
+                pair.failures = 0
         if outcome == "blocked":
             seconds = self._ban(proxy_id, domain, now)
             if seconds is not None:
                 changes.append(Change("banned", proxy_id, domain, seconds))
         return changes
+
+    def _count_failure(self, proxy_id: str, state: ProxyState, domain: str) -> None:
+        """A proxy failure counts in the proxy's streak (with its domain) and in the pair's."""
+        state.failures += 1
+        if state.failures == 1:
+            state.failure_domains = []
+        if domain not in state.failure_domains and len(state.failure_domains) < 8:
+            state.failure_domains.append(domain)
+        self.pair(proxy_id, domain).failures += 1
+
+    def _failing_everywhere(self, state: ProxyState) -> bool:
+        """Proxy failures in a row, from enough different domains that it is not one site's doing."""
+        spread = min(self.config.dead_domains, self.config.dead_after)
+        return state.failures >= self.config.dead_after and len(state.failure_domains) >= spread
 
     def _silent_alone(self, state: ProxyState) -> bool:
         """No answer through this proxy for a while, though those sites answered other proxies."""
@@ -220,6 +251,7 @@ class Health:
             return []
         state.dead_since = None
         state.failures = 0
+        state.failure_domains = []
         state.silent = 0
         state.health = max(state.health, 0.5)
         return [Change("alive", proxy_id)]
@@ -261,9 +293,10 @@ class Health:
                     "banned_until": pair.banned_until,
                     "bans": pair.bans,
                     "last_block": pair.last_block,
+                    "failures": pair.failures,
                 }
                 for (pid, domain), pair in self.pairs.items()
-                if pair.bans > 0 or pair.health < 0.9
+                if pair.bans > 0 or pair.health < 0.9 or pair.failures > 0
             ],
         }
 

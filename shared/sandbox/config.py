@@ -13,6 +13,7 @@ against a server that never misbehaves. Shape, with defaults::
         pages: 100             # serves /page/0 .. /page/99
         latency_ms: [0, 0]     # uniform per request on normal pages; a single number is [n, n]
         robots_txt: null       # body of /robots.txt; null = allow everything
+        tls: false             # true: https, with a certificate of the sandbox's test CA (tls.py)
         faults:                # probabilities per normal-page request, drawn independently;
           error_500: 0.0       #   when several fire, the first in this order wins:
           error_503: 0.0       #   reset, hang, trickle, error_500, error_503, rate_429
@@ -122,6 +123,7 @@ class SiteConfig(_Strict):
     pages: Annotated[int, Field(ge=1, le=1_000_000)] = 100
     latency_ms: tuple[int, int] = (0, 0)
     robots_txt: str | None = None
+    tls: bool = False
     faults: FaultConfig = FaultConfig()
     politeness: PolitenessConfig | None = None
     block: BlockConfig | None = None

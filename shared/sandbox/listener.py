@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 
 from hutch.sandbox.http11 import reset_connection
 
@@ -24,6 +25,7 @@ class Listener:
     def __init__(self, host: str, port: int) -> None:
         self.host = host
         self.port = port
+        self.tls: ssl.SSLContext | None = None  # set before start() to serve TLS
         self._server: asyncio.Server | None = None
         self._connections: dict[asyncio.Task[None], asyncio.StreamWriter] = {}
 
@@ -34,7 +36,7 @@ class Listener:
     async def start(self) -> None:
         if self._server is not None:
             raise RuntimeError("already started")
-        self._server = await asyncio.start_server(self._accept, self.host, self.port)
+        self._server = await asyncio.start_server(self._accept, self.host, self.port, ssl=self.tls)
         self.port = self._server.sockets[0].getsockname()[1]
 
     async def stop(self) -> None:

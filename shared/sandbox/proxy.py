@@ -10,7 +10,9 @@ Forwarded requests are sent upstream with ``Connection: close`` and the response
 byte for byte until the site closes, so the client connection closes after each response. An
 upstream reset is passed on as a reset, making site faults look the same with or without a
 proxy. Configured failures: ``fail`` (the proxy answers 502 itself) and ``down`` (it resets
-every connection as soon as it is accepted).
+every connection as soon as it is accepted). An answer of the proxy's own says so in a
+``Proxy-Status`` header (RFC 9209) naming the proxy by the ``host:port`` of its URL, which is how
+a client tells it from a site's answer.
 """
 
 from __future__ import annotations
@@ -204,7 +206,7 @@ class ProxyServer(Listener):
             ("Content-Type", "text/plain; charset=utf-8"),
             ("Content-Length", str(len(body))),
             *(headers or []),
-            ("Proxy-Status", f"{self.name}; error={error}"),
+            ("Proxy-Status", f"{self.host}:{self.port}; error={error}"),
             ("Connection", "close"),
         ]
         writer.write(format_head(status, head) + body)

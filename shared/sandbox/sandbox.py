@@ -13,6 +13,7 @@ from hutch.sandbox.accesslog import AccessLog, AccessRecord
 from hutch.sandbox.config import SandboxConfig, load_config
 from hutch.sandbox.proxy import ProxyServer
 from hutch.sandbox.site import SiteServer
+from hutch.sandbox.tls import TestCA
 
 __all__ = ["Sandbox"]
 
@@ -38,6 +39,14 @@ class Sandbox:
             proxy.name: ProxyServer(proxy, self.config, self._access_log, self._site_at)
             for proxy in self.config.proxies
         }
+        # A CA of its own when a site speaks TLS; clients trust `ca.pem` (HUTCH_CA_FILE).
+        self.ca: TestCA | None = None
+        if any(site.config.tls for site in self.sites.values()):
+            self.ca = TestCA()
+            context = self.ca.server_context()
+            for site in self.sites.values():
+                if site.config.tls:
+                    site.tls = context
         self._started = False
 
     # -- lifecycle ----------------------------------------------------------------------------

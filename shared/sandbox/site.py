@@ -145,7 +145,7 @@ class SiteServer(Listener):
 
     @property
     def base_url(self) -> str:
-        return f"http://{self.domain}"
+        return f"{'https' if self.config.tls else 'http'}://{self.domain}"
 
     def page_url(self, i: int) -> str:
         return f"{self.base_url}/page/{i}"

@@ -33,6 +33,7 @@ from parsel import Selector
 
 from hutch.amqp import Broker
 from hutch.domains import domain_of
+from hutch.models import DeadLetter, Task
 from hutch.sandbox import Sandbox, expected_page, load_config
 from hutch.settings import Settings
 from hutch.store import Store
@@ -191,6 +192,10 @@ def check_items(sandbox: Sandbox, items: list[dict[str, object]], fields: tuple[
         assert match, item
         expected = expected_page(site_of(sandbox, str(item["url"])), int(match.group(1)))
         assert {name: item[name] for name in fields} == {name: expected[name] for name in fields}  # type: ignore[literal-required]
+
+
+def files_under(path: Path) -> list[Path]:
+    return sorted(path.rglob("*"))
 
 
 def jsonl(path: Path) -> list[dict[str, object]]:
@@ -553,6 +558,69 @@ async def test_an_unknown_job_or_a_bad_setting_is_refused_in_one_sentence(
         assert done.out == ""
     refused_in_one_sentence(results[3], "invalid setting HUTCH_RATE")
     refused_in_one_sentence(results[4], "unsupported store URL scheme")
+
+
+@pytest.mark.parametrize("job", ["../x", "a/b", "..", ".hidden", "x\x1b[2J", "j" * 101, ""])
+async def test_a_job_name_that_could_leave_the_data_folder_is_refused_and_nothing_is_written(
+    settings: Settings, env: dict[str, str], tmp_path: Path, job: str
+) -> None:
+    urls_file = write(tmp_path / "urls.txt", "http://127.0.0.1:9/a\n")
+    before = files_under(tmp_path)
+    for command in ("submit", "run"):
+        done = await hutch(env, command, str(urls_file), "--job", job)
+        refused_in_one_sentence(done, "invalid job name", "letters, digits")
+        assert "\x1b" not in done.err
+    assert files_under(tmp_path) == before  # no store, no export file, nothing outside
+    assert not (tmp_path / "x.jsonl").exists()
+
+
+async def test_the_default_job_name_is_made_valid_from_the_file_name(
+    settings: Settings, env: dict[str, str], tmp_path: Path
+) -> None:
+    urls_file = write(tmp_path / ".my urls!.txt", "http://127.0.0.1:9/a\n")
+    await declare_topology(settings)
+    done = await hutch(env, "submit", str(urls_file))
+    assert done.code == 0, done
+    assert done.out == "my-urls-\n"
+    assert job_exists(settings, "my-urls-")
+
+
+async def test_control_characters_from_urls_reasons_and_job_names_are_printed_escaped(
+    settings: Settings, env: dict[str, str], tmp_path: Path
+) -> None:
+    bad = write(tmp_path / "bad.txt", "http://127.0.0.1:9/a\nhttp://127.0.0.1:9/\x1b[2J\x9b31m\n")
+    done = await hutch(env, "submit", str(bad))
+    refused_in_one_sentence(done, "bad.txt line 2", "control character", "\\x1b[2J")
+    skipped = await hutch(env, "submit", str(bad), "--skip-invalid", "--job", "skipping")
+
+    # A ledger written by an older or hostile writer: every field the CLI prints holds escapes.
+    evil = "evil\x1b[2J\x1b]0;owned\x07\x9b\u202e"
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    store = Store(settings.store_location)
+    try:
+        store.add_job(evil, None)
+        task = Task(id="t1", job=evil, url="http://127.0.0.1:9/" + evil, domain="127.0.0.1:9")
+        store.add_tasks([(task.id, task.job, task.url, task.domain)])
+        store.record_dead(DeadLetter(stage="fetch\x1b[2J", reason=evil, detail=evil, task=task), "m1")
+    finally:
+        store.close()
+    results = await asyncio.gather(
+        hutch(env, "status"),
+        hutch(env, "dlq", "list"),
+        hutch(env, "dlq", "list", "--json"),
+        hutch(env, "dlq", "show", "1"),
+        hutch(env, "status", evil),
+    )
+    for finished in [skipped, *results]:
+        printed = finished.out + finished.err
+        assert not set(printed) & {"\x1b", "\x07", "\x9b", "\u202e"}, printed
+    assert skipped.code == 0 and "\\x1b[2J\\x9b31m" in skipped.err
+    assert all(r.code == 0 for r in results), results
+    assert "evil\\x1b[2J\\x1b]0;owned\\x07\\x9b\\u202e" in results[0].out  # status: the job name
+    assert results[1].out.count("evil\\x1b[2J") == 3  # dlq list: reason in the groups; reason and url
+    assert json.loads(results[2].out)["entries"][0]["reason"] == evil  # valid JSON, same text
+    assert json.loads(results[3].out)["letter"]["detail"] == evil
+    assert "\\u001b[2J" in results[3].out
 
 
 # -- long-running commands ------------------------------------------------------------------------

@@ -249,11 +249,11 @@ async def test_a_dead_proxy_is_probed_back_once_it_answers_again(settings: Setti
         try:
             down = sandbox.proxies["dc1"]
             dead = proxy_id(down.url)
-            for i in range(2):
+            for i in range(2):  # failures from two domains: the proxy's, not one site's
                 await asyncio.sleep(0.2)
-                lease = await h.lease(task=f"t{i}", exclude=[proxy_id(sandbox.proxies["dc2"].url)])
+                lease = await h.lease(domain=f"d{i}", task=f"t{i}", exclude=[proxy_id(sandbox.proxies["dc2"].url)])
                 assert lease.proxy_id == dead
-                await h.outcome(lease, "proxy_failure", task=f"t{i}")
+                await h.outcome(lease, "proxy_failure", domain=f"d{i}", task=f"t{i}")
             await eventually(lambda: manager.selector.health.is_dead(dead))
             for i in range(5):
                 await asyncio.sleep(0.15)

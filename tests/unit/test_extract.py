@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
+from parsel import Selector
+
 from hutch.models import FieldRule, Spec
-from hutch.services.parser.extract import extract
+from hutch.services.parser.extract import ItemTooLarge, extract
 from hutch.services.parser.spec import DEFAULT_FIELDS, parse_spec
 
 PAGE = """<!DOCTYPE html>
@@ -118,3 +121,50 @@ def test_fields_come_out_in_spec_order() -> None:
 def test_non_ascii_text_comes_through_unchanged() -> None:
     html = "<html><head><title> Café Müller · 東京の本屋 </title></head></html>"
     assert extract(html, URL, 200, None)["title"] == "Café Müller · 東京の本屋"
+
+
+# -- the per-item byte cap -----------------------------------------------------------------------
+
+DEEP = "<html><body>" + "<div>x" * 2000 + "</div>" * 2000 + "</body></html>"
+
+
+def test_an_item_under_the_cap_is_the_same_as_without_one() -> None:
+    spec = spec_of({"links": {"css": "a::text", "many": True}, "price": "css:span.price::text"})
+    assert extract(PAGE, URL, 200, spec, max_bytes=1024) == extract(PAGE, URL, 200, spec)
+
+
+def test_many_divs_of_a_deeply_nested_page_pass_the_cap() -> None:
+    with pytest.raises(ItemTooLarge):
+        extract(DEEP, URL, 200, spec_of({"divs": {"css": "div", "many": True}}), max_bytes=1024 * 1024)
+
+
+def test_the_cap_stops_extraction_before_the_whole_list_is_built(monkeypatch: pytest.MonkeyPatch) -> None:
+    serialised = 0
+    real_get = Selector.get
+
+    def counting_get(self: Selector) -> object:
+        nonlocal serialised
+        serialised += 1
+        return real_get(self)
+
+    monkeypatch.setattr(Selector, "get", counting_get)
+    with pytest.raises(ItemTooLarge):
+        extract(DEEP, URL, 200, spec_of({"divs": {"css": "div", "many": True}}), max_bytes=100_000)
+    assert serialised < 10  # of 2,000 divs: each of the first alone is ~20 KB of markup
+
+
+def test_a_single_match_over_the_cap_is_refused_too() -> None:
+    with pytest.raises(ItemTooLarge):
+        extract(DEEP, URL, 200, spec_of({"body": "css:body"}), max_bytes=10_000)
+
+
+def test_the_default_item_is_held_to_the_cap_too() -> None:
+    page = f"<html><head><title>{'t' * 5000}</title></head></html>"
+    with pytest.raises(ItemTooLarge):
+        extract(page, URL, 200, None, max_bytes=1000)
+
+
+def test_lxml_keeps_a_bounded_depth_of_a_very_deep_page_without_an_error() -> None:
+    deeper = "<html><body>" + "<div>" * 5000 + "</div>" * 5000 + "</body></html>"
+    found = extract(deeper, URL, 200, spec_of({"n": "xpath:count(//div)"}))
+    assert 0 < float(found["n"]) < 5000  # libxml2 stops nesting past its depth limit

@@ -1,6 +1,7 @@
-"""Reading a Retry-After header: delta-seconds, an HTTP date, or garbage that must not raise.
+"""The fetch's pure parts: reading Retry-After (delta-seconds, an HTTP date, or garbage that must
+not raise) and telling a proxy's own error from the site's answer (Proxy-Status, 407).
 
-Only `parse_retry_after` is tested here: the fetch itself needs a socket.
+The fetch itself needs a socket: tests/e2e/test_hostile_bodies.py drives it.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ import email.utils
 
 import pytest
 
-from hutch.services.fetcher.fetch import parse_retry_after
+from hutch.services.fetcher.fetch import first_proxy_status, parse_retry_after, proxy_error, proxy_names
 
 NOW = 1_700_000_000.0  # 2023-11-14T22:13:20Z
 
@@ -65,3 +66,47 @@ def test_garbage_gives_none(value: str) -> None:
 @pytest.mark.parametrize("value", ["²", "1²", "①"])
 def test_unicode_digit_like_garbage_gives_none_instead_of_raising(value: str) -> None:
     assert parse_retry_after(value, NOW) is None
+
+
+# -- whose failure an answer is: the proxy's own, or the site's ---------------------------------
+
+PROXY = "http://user:secret@proxy.example:3128"
+NAMES = proxy_names(PROXY)
+
+
+def test_a_proxy_is_known_by_its_host_and_its_host_and_port() -> None:
+    assert NAMES == {"proxy.example", "proxy.example:3128"}
+    assert proxy_names("http://[::1]:8080") == {"::1", "[::1]", "[::1]:8080"}
+    assert proxy_names(None) == frozenset()
+
+
+def test_a_proxy_status_error_signed_by_the_leased_proxy_is_a_proxy_failure() -> None:
+    assert proxy_error(502, "proxy.example:3128; error=proxy_internal_error", NAMES) is not None
+    assert proxy_error(502, '"proxy.example"; error=http_request_error', NAMES) is not None
+
+
+def test_a_proxy_status_signed_by_another_name_is_the_sites_answer() -> None:
+    assert proxy_error(502, "cdn.origin.example; error=proxy_internal_error", NAMES) is None
+    # Only the first member counts: the site's own intermediary came first.
+    assert proxy_error(502, "cdn.origin.example; error=x, proxy.example:3128", NAMES) is None
+
+
+def test_a_407_counts_only_when_signed_by_the_proxy() -> None:
+    assert proxy_error(407, None, NAMES) is None
+    assert proxy_error(407, "login.origin.example; error=http_request_denied", NAMES) is None
+    assert proxy_error(407, "proxy.example:3128; error=http_request_denied", NAMES) is not None
+
+
+def test_errors_that_blame_the_destination_are_not_the_proxys() -> None:
+    assert proxy_error(502, "proxy.example:3128; error=destination_unavailable", NAMES) is None
+    assert proxy_error(200, "proxy.example:3128; error=proxy_internal_error", NAMES) is None
+
+
+def test_nothing_is_a_proxy_failure_without_a_proxy() -> None:
+    assert proxy_error(407, "proxy.example:3128; error=http_request_denied", frozenset()) is None
+    assert proxy_error(502, "proxy.example:3128; error=proxy_internal_error", frozenset()) is None
+
+
+def test_a_huge_proxy_status_is_read_within_bounds() -> None:
+    assert first_proxy_status("a" * 100_000 + "; error=x")[1] == {}
+    assert first_proxy_status("px; error=oops; details=\"x\"") == ("px", {"error": "oops", "details": "x"})

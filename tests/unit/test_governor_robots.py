@@ -57,6 +57,53 @@ def test_rules_without_delays_set_no_cap_and_garbage_is_ignored() -> None:
     assert rules.allowed("http://a.example/x") is True
 
 
+def test_a_dollar_anchored_wildcard_disallows_every_pdf_and_only_pdfs() -> None:
+    rules = RobotsRules.parse("User-agent: *\nDisallow: /*.pdf$\n", UA)
+    assert rules.allowed("http://a.example/files/report.pdf") is False
+    assert rules.allowed("http://a.example/report.pdf") is False
+    assert rules.allowed("http://a.example/report.pdf?download=1") is True  # `$` ends the match
+    assert rules.allowed("http://a.example/report.pdfx") is True
+    assert rules.allowed("http://a.example/page/1") is True
+
+
+def test_a_wildcard_in_the_middle_matches_a_query_string() -> None:
+    rules = RobotsRules.parse("User-agent: *\nDisallow: /*?sort=\n", UA)
+    assert rules.allowed("http://a.example/books?sort=price") is False
+    assert rules.allowed("http://a.example/a/b/c?sort=") is False
+    assert rules.allowed("http://a.example/books?page=2") is True
+    assert rules.allowed("http://a.example/books") is True
+
+
+def test_the_longest_match_wins_not_the_first_rule() -> None:
+    rules = RobotsRules.parse("User-agent: *\nAllow: /\nDisallow: /private\n", UA)
+    assert rules.allowed("http://a.example/private/x") is False
+    assert rules.allowed("http://a.example/public") is True
+
+
+def test_a_longer_allow_opens_a_path_inside_a_disallowed_one() -> None:
+    rules = RobotsRules.parse("User-agent: *\nDisallow: /private\nAllow: /private/press\n", UA)
+    assert rules.allowed("http://a.example/private/press/1") is True
+    assert rules.allowed("http://a.example/private/x") is False
+
+
+def test_a_group_is_matched_on_the_product_token_not_on_words_of_the_comment() -> None:
+    rules = RobotsRules.parse("User-agent: scraping\nDisallow: /\n", UA)
+    assert rules.allowed("http://a.example/x") is True
+
+
+def test_only_the_first_half_mebibyte_of_a_huge_robots_txt_is_read() -> None:
+    filler = "# " + "x" * 1000 + "\n"
+    text = "User-agent: *\nDisallow: /early\n" + filler * 600 + "Disallow: /late\n"
+    rules = RobotsRules.parse(text, UA)
+    assert rules.allowed("http://a.example/early") is False
+    assert rules.allowed("http://a.example/late") is True
+
+
+def test_allow_all_and_disallow_all_need_no_file() -> None:
+    assert RobotsRules.allow_all(UA).allowed("http://a.example/x") is True
+    assert RobotsRules.disallow_all(UA, "gone").allowed("http://a.example/x") is False
+
+
 def test_origin_and_robots_url() -> None:
     assert origin_of("HTTP://User@Example.COM:8080/a/b?c") == "http://example.com:8080"
     assert robots_url("https://example.com") == "https://example.com/robots.txt"

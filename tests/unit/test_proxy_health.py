@@ -1,8 +1,14 @@
-"""Proxy health from outcome reports: EWMAs, when a proxy is dead, and bans per domain."""
+"""Proxy health from outcome reports: EWMAs, when a proxy is dead, and bans per domain (for
+blocks, and for proxy failures on one domain only)."""
 
 from __future__ import annotations
 
+from hutch.models import Event, LeaseRequest
 from hutch.services.proxy_manager.health import Health, HealthConfig, normalise
+from hutch.services.proxy_manager.leases import Selector, SelectorConfig
+from hutch.services.proxy_manager.pool import PoolConfig, Proxy
+
+from .clock import FakeClock
 
 
 def health(dead_after: int = 3) -> Health:
@@ -103,3 +109,74 @@ def test_pruning_forgets_idle_pairs_but_keeps_bans() -> None:
     assert ("p", "shop") in h.pairs
     h.prune(5000.0)
     assert h.pairs == {}
+
+
+# -- proxy failures count per (proxy, domain) first ------------------------------------------------
+
+
+def test_proxy_failures_on_one_domain_ban_the_proxy_there_and_kill_it_nowhere() -> None:
+    clock = FakeClock(1000.0)
+    h = health(dead_after=3)
+    changes = [c for _ in range(3) for c in h.report("p", "hostile", "proxy_failure", clock())]
+    assert [(c.kind, c.domain, c.seconds) for c in changes] == [("banned", "hostile", 60)]
+    assert not h.is_dead("p") and h.usable("p", clock())
+    assert h.banned_until("p", "hostile", clock()) == 1060.0
+    assert h.banned_until("p", "books", clock()) is None
+
+
+def test_a_proxy_that_keeps_failing_on_one_domain_is_banned_there_longer_each_time() -> None:
+    clock = FakeClock(1000.0)
+    h = health(dead_after=3)
+    for _ in range(3):
+        h.report("p", "hostile", "proxy_failure", clock())
+    clock.advance(61)  # the ban is over; the next failure there is a repeat
+    (change,) = h.report("p", "hostile", "proxy_failure", clock())
+    assert (change.kind, change.seconds) == ("banned", 120)
+    assert not h.is_dead("p")
+
+
+def test_proxy_failures_in_a_row_from_two_domains_mark_the_proxy_dead() -> None:
+    clock = FakeClock(1000.0)
+    h = health(dead_after=3)
+    kinds = [c.kind for d in ("a", "a", "b") for c in h.report("p", d, "proxy_failure", clock())]
+    assert kinds == ["dead"]
+    assert h.is_dead("p")
+
+
+def test_an_answer_on_a_domain_clears_that_pairs_streak() -> None:
+    clock = FakeClock(1000.0)
+    h = health(dead_after=3)
+    h.report("p", "shop", "proxy_failure", clock())
+    h.report("p", "shop", "proxy_failure", clock())
+    h.report("p", "shop", "not_found", clock())  # an HTTP answer through the proxy
+    assert [c.kind for c in h.report("p", "shop", "proxy_failure", clock())] == []
+    assert h.banned_until("p", "shop", clock()) is None
+
+
+def test_the_pair_streak_survives_a_restart() -> None:
+    clock = FakeClock(1000.0)
+    h = health(dead_after=3)
+    for _ in range(2):
+        h.report("p", "hostile", "proxy_failure", clock())
+    restored = health(dead_after=3)
+    restored.restore(h.snapshot(clock()))
+    (change,) = restored.report("p", "hostile", "proxy_failure", clock())
+    assert change.kind == "banned"
+
+
+def test_one_hostile_domain_cannot_empty_the_pool_for_other_domains() -> None:
+    clock = FakeClock(1_000_000.0)
+    s = Selector(
+        SelectorConfig(rate_cap=1e6, health=HealthConfig(ban_seconds=60, ban_max=3600, dead_after=3)), clock
+    )
+    s.set_pool(PoolConfig(tuple(Proxy(f"dc{i}", f"http://10.0.1.{i}:8080") for i in range(3))))
+    for round_ in range(3):
+        for proxy in ("dc0", "dc1", "dc2"):
+            clock.advance(0.01)
+            s.report(Event(kind="outcome", task_id=f"t{round_}", job="j", domain="hostile", attempt=1,
+                           outcome="proxy_failure", proxy_id=proxy, tier="datacenter"))
+    assert not any(s.health.is_dead(p) for p in ("dc0", "dc1", "dc2"))
+    clock.advance(0.01)
+    assert s.lease(LeaseRequest(task_id="x", domain="hostile")).proxy_id is None  # all banned there
+    clock.advance(0.01)
+    assert s.lease(LeaseRequest(task_id="y", domain="books")).proxy_id is not None

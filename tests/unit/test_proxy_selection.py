@@ -302,8 +302,8 @@ def test_repeated_proxy_failures_mark_a_proxy_dead_and_it_gets_no_lease() -> Non
     clock = FakeClock(1_000_000.0)
     s = selector(clock, pool(dc=2), dead_after=3)
     dead = Lease(proxy_id="dc0", tier="datacenter")
-    for _ in range(3):
-        report(s, dead, "proxy_failure", domain="any")
+    for domain in ("a", "b", "c"):  # from several domains: the proxy, not one site
+        report(s, dead, "proxy_failure", domain=domain)
     for i in range(10):
         clock.advance(1)
         assert ask(s, domain=f"d{i}").proxy_id == "dc1"

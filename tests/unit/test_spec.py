@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from hutch.models import FieldRule
-from hutch.services.parser.spec import SpecError, load_spec, parse_spec
+from hutch.services.parser.spec import MAX_SPEC_BYTES, SpecError, load_spec, parse_spec
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -201,3 +201,85 @@ def test_a_file_that_is_not_utf8_is_refused_with_a_spec_error(tmp_path: Path) ->
 
 def test_spec_error_is_a_value_error() -> None:
     assert issubclass(SpecError, ValueError)
+
+
+# -- hostile spec files --------------------------------------------------------------------------
+
+BILLION_LAUGHS = """\
+fields:
+  title:
+    css: a
+    many:
+      - &a ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]
+      - &b [*a, *a, *a, *a, *a, *a, *a, *a, *a]
+      - &c [*b, *b, *b, *b, *b, *b, *b, *b, *b]
+      - &d [*c, *c, *c, *c, *c, *c, *c, *c, *c]
+      - &e [*d, *d, *d, *d, *d, *d, *d, *d, *d]
+      - &f [*e, *e, *e, *e, *e, *e, *e, *e, *e]
+      - &g [*f, *f, *f, *f, *f, *f, *f, *f, *f]
+      - &h [*g, *g, *g, *g, *g, *g, *g, *g, *g]
+      - &i [*h, *h, *h, *h, *h, *h, *h, *h, *h]
+"""
+
+
+@pytest.mark.timeout(10)
+def test_a_billion_laughs_spec_is_refused_with_a_short_one_line_error(tmp_path: Path) -> None:
+    path = write(tmp_path, BILLION_LAUGHS)
+    with pytest.raises(SpecError) as info:
+        load_spec(path)
+    message = str(info.value)
+    assert "aliases" in message and "not allowed" in message
+    assert "\n" not in message
+    assert len(message) < 300 + len(str(path))
+
+
+def test_even_a_harmless_alias_is_refused(tmp_path: Path) -> None:
+    path = write(tmp_path, 'sel: &s "css:title"\nfields:\n  title: *s\n')
+    with pytest.raises(SpecError, match="aliases"):
+        load_spec(path)
+
+
+def test_an_anchor_without_an_alias_is_fine(tmp_path: Path) -> None:
+    path = write(tmp_path, 'fields: &f\n  title: "css:title"\n')
+    assert list(load_spec(path).fields) == ["title"]
+
+
+def test_a_spec_file_past_the_size_cap_is_refused_before_it_is_parsed(tmp_path: Path) -> None:
+    path = write(tmp_path, "fields:\n  t: css:title\n" + "# padding\n" * (MAX_SPEC_BYTES // 10 + 1))
+    with pytest.raises(SpecError, match="larger than 64 KiB"):
+        load_spec(path)
+
+
+def test_an_expanded_alias_structure_handed_in_directly_gives_a_bounded_error() -> None:
+    laughs: object = ["lol"] * 9
+    for _ in range(8):
+        laughs = [laughs] * 9  # 9**9 strings by reference, as the YAML above would expand
+    with pytest.raises(SpecError) as info:
+        parse_spec({"fields": {"title": {"css": "a", "many": laughs}}})
+    assert len(str(info.value)) < 200
+    with pytest.raises(SpecError) as info:
+        parse_spec({"fields": {"title": laughs}})
+    assert len(str(info.value)) < 200
+
+
+def test_a_huge_selector_is_refused_and_not_quoted_whole() -> None:
+    with pytest.raises(SpecError) as info:
+        parse_spec({"fields": {"t": "css:" + "a " * 10_000}})
+    assert "longer than" in str(info.value) and len(str(info.value)) < 200
+    with pytest.raises(SpecError) as info:
+        parse_spec({"fields": {"t": "regex:" + "x" * 10_000}})
+    assert len(str(info.value)) < 300
+
+
+def test_a_long_field_name_and_many_unknown_keys_are_quoted_short() -> None:
+    with pytest.raises(SpecError) as info:
+        parse_spec({"fields": {"n" * 10_000: 42}})
+    assert len(str(info.value)) < 200
+    with pytest.raises(SpecError) as info:
+        parse_spec({"fields": {"t": "css:a"}, **{f"k{i}" * 100: 1 for i in range(1000)}})
+    assert len(str(info.value)) < 400
+
+
+def test_too_many_fields_are_refused() -> None:
+    with pytest.raises(SpecError, match="at most 200"):
+        parse_spec({"fields": {f"f{i}": "css:a" for i in range(201)}})

@@ -10,7 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from hutch.services.control.submit import UrlFileError, check_urls, valid_urls
+from hutch.services.control.submit import (
+    JobNameError,
+    UrlFileError,
+    check_job_name,
+    check_urls,
+    default_job_name,
+    valid_urls,
+)
 
 
 def url_file(tmp_path: Path, text: str) -> Path:
@@ -47,7 +54,11 @@ def test_an_invalid_line_refuses_the_file_with_its_line_number(tmp_path: Path) -
     [
         ("http://a b.example/", "white space"),
         ("http:///nohost", "no host"),
-        ("http://a.example:99999/", "malformed"),
+        ("http://a.example:99999/", "port"),
+        ("http://a..example.com/x", "not a valid domain name"),
+        ("http://xn--/x", "not a valid domain name"),
+        ("http://u:p@a.example/", "credentials"),
+        ("http://a.example/\x1b[2J", "control character"),
     ],
 )
 def test_the_refusal_says_why_the_line_is_invalid(tmp_path: Path, line: str, why: str) -> None:
@@ -109,3 +120,50 @@ def test_valid_urls_yields_the_urls_check_urls_counted(tmp_path: Path) -> None:
     path = url_file(tmp_path, "# c\n  http://a.example/1 \nftp://x/\n\nhttp://b.example/2\n")
     assert list(valid_urls(path)) == ["http://a.example/1", "http://b.example/2"]
     assert check_urls(path, skip_invalid=True).valid == 2
+
+
+def test_a_line_over_the_url_byte_cap_is_refused_with_its_line_number(tmp_path: Path) -> None:
+    path = url_file(tmp_path, "http://a.example/1\nhttp://a.example/" + "x" * 100 + "\n")
+    with pytest.raises(UrlFileError, match=r"line 2: URL is 117 bytes, over the limit of 64"):
+        check_urls(path, max_url_bytes=64)
+    assert list(valid_urls(path, max_url_bytes=64)) == ["http://a.example/1"]
+
+
+def test_skip_invalid_refuses_nothing_it_lists_the_malformed_hosts_of_issue_10(tmp_path: Path) -> None:
+    bad = ["http://a..example.com/x", f"http://{'a' * 70}.example/x", "http://xn--/x"]
+    path = url_file(tmp_path, "\n".join(["http://ok.example/", *bad]) + "\n")
+    checked = check_urls(path, skip_invalid=True)
+    assert checked.valid == 1
+    assert [number for number, _, _ in checked.skipped] == [2, 3, 4]
+
+
+# -- job names -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["job", "my-job_2.v1", "A", "j" * 100, "-dash", "_under"])
+def test_a_job_name_of_letters_digits_dots_dashes_and_underscores_is_valid(name: str) -> None:
+    assert check_job_name(name) == name
+
+
+@pytest.mark.parametrize(
+    "name", ["", "../x", "a/b", "a\\b", "..", ".hidden", "j" * 101, "x\x1b[2J", "two words", "caf\u00e9", "a\x00b"]
+)
+def test_a_job_name_that_could_become_another_path_is_refused(name: str) -> None:
+    with pytest.raises(JobNameError, match=r"invalid job name .* letters, digits"):
+        check_job_name(name)
+
+
+def test_the_refusal_escapes_the_name() -> None:
+    with pytest.raises(JobNameError) as info:
+        check_job_name("x\x1b[2J")
+    assert "\x1b" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("file", "job"),
+    [("urls.txt", "urls"), ("my urls!.txt", "my-urls-"), (".hidden.txt", "hidden"), ("...txt", "job"),
+     ("x" * 150 + ".txt", "x" * 100), ("b\u00fccher.txt", "b-cher")],
+)
+def test_the_default_job_name_from_a_file_name_is_always_valid(file: str, job: str) -> None:
+    assert default_job_name(Path(file)) == job
+    check_job_name(job)

@@ -1,0 +1,246 @@
+"""Worker processes for extraction: a time limit per page that can really be enforced.
+
+A spec is outside input, and some XPath is quadratic (`//*[.=//*]` on a page of 100,000
+elements runs for minutes inside libxml2). A thread stuck in C cannot be stopped, so extraction
+runs in worker processes: a worker past its page's deadline is killed (SIGKILL) and replaced,
+and the page fails with `parse_timeout` while the other workers go on serving.
+
+`concurrent.futures.ProcessPoolExecutor` cannot do this: it has no way to kill one stuck
+worker, and a worker that dies marks the whole executor broken. So this is a small pool of
+its own: one `multiprocessing.Process` per slot, talking over a pipe.
+
+- Workers start from a forkserver, never by forking the service itself: the parser runs an
+  event loop and aio-pika's threads, and a fork of a threaded process can inherit a lock held
+  by a thread that does not exist in the child. The forkserver is a fresh interpreter that has
+  imported parsel and lxml once, so a replacement worker costs a fork, not an import.
+- Pages and answers cross the pipe as JSON (never pickle, like every message in Hutch). The
+  answer is the item's JSON itself, so the per-item byte cap is measured on exactly what is
+  stored, and `recv_bytes` refuses anything longer.
+- A worker caps its own address space (`RLIMIT_AS`) at what it had at start plus
+  `memory_bytes`: a page that would take more raises MemoryError in the worker (or, inside
+  libxml2, a parser error logged as `ERR_NO_MEMORY`), which answers `parse_memory` and is
+  replaced; a worker that dies any other way gives `parse_crash`.
+- Each call waits for its answer in a thread (`Connection.poll(timeout)`), so the event loop
+  never blocks on a pipe; slots go back to the idle queue only when that thread is done, even
+  if the awaiting task was cancelled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import multiprocessing
+import os
+import resource
+import signal
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+from typing import Any, Literal
+
+from hutch.models import Spec
+
+log = logging.getLogger(__name__)
+
+# Why a page failed to parse: the dead letter's reason (stage `parse`).
+Failure = Literal["parse_error", "parse_timeout", "parse_memory", "parse_crash", "item_too_large"]
+# Failures after which the worker is not trusted again: killed (if alive) and replaced.
+REPLACE: frozenset[Failure] = frozenset({"parse_timeout", "parse_memory", "parse_crash"})
+_ANSWER_SLACK = 4096  # room for the envelope around an item of max_item_bytes
+
+
+class ParseFailed(Exception):
+    """A page that cannot become an item: `reason` says which limit or error."""
+
+    def __init__(self, reason: Failure, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason: Failure = reason
+        self.detail = detail
+
+
+@dataclass(frozen=True)
+class Limits:
+    timeout: float  # seconds one page may take in a worker
+    max_item_bytes: int  # bytes of the item's JSON
+    memory_bytes: int  # address space a worker may add to what it had at start; 0 = no cap
+
+
+# -- the worker process ------------------------------------------------------------------------
+
+
+def _cap_memory(extra: int) -> None:
+    if extra <= 0:
+        return
+    with open("/proc/self/statm", encoding="ascii") as statm:
+        size = int(statm.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    resource.setrlimit(resource.RLIMIT_AS, (size + extra, size + extra))
+
+
+def answer(request: bytes, max_item_bytes: int) -> bytes:
+    """A worker's answer (JSON bytes) to one request (JSON bytes): the item or a failure."""
+    from hutch.services.parser.extract import ItemTooLarge, extract
+
+    try:
+        page = json.loads(request)
+        spec = Spec.model_validate(page["spec"]) if page["spec"] is not None else None
+        fields = extract(page["text"], page["url"], page["status"], spec, max_item_bytes)
+        item = json.dumps(fields, ensure_ascii=False).encode("utf-8")
+        if len(item) > max_item_bytes:
+            raise ItemTooLarge(f"item passes {max_item_bytes} bytes of JSON")
+        return b'{"fields": ' + item + b"}"
+    except ItemTooLarge as exc:
+        return _failure("item_too_large", str(exc))
+    except MemoryError:
+        return _failure("parse_memory", "the worker's memory cap was reached")
+    except Exception as exc:
+        if _libxml2_out_of_memory(exc):
+            return _failure("parse_memory", "the worker's memory cap was reached inside libxml2")
+        return _failure("parse_error", f"{type(exc).__name__}: {exc}")
+
+
+def _libxml2_out_of_memory(exc: Exception) -> bool:
+    """libxml2 reports a failed allocation as a parser error, `ERR_NO_MEMORY` in its log."""
+    from lxml import etree
+
+    log = getattr(exc, "error_log", None)
+    if not isinstance(log, etree._ListErrorLog):
+        return False
+    return len(log.filter_types([etree.ErrorTypes.ERR_NO_MEMORY])) > 0
+
+
+def _failure(reason: Failure, detail: str) -> bytes:
+    return json.dumps({"failure": reason, "detail": detail[:500]}).encode("utf-8")
+
+
+def _serve(conn: Connection, max_item_bytes: int, memory_bytes: int) -> None:
+    """A worker's life: answer requests until the pipe closes; exit after a MemoryError."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when workers stop
+    _cap_memory(memory_bytes)
+    while True:
+        try:
+            request = conn.recv_bytes()
+        except (EOFError, OSError):
+            return
+        reply = answer(request, max_item_bytes)
+        conn.send_bytes(reply)
+        del request
+        if reply.startswith(b'{"failure": "parse_memory"'):
+            return
+
+
+# -- the parent's side -------------------------------------------------------------------------
+
+
+def _context() -> multiprocessing.context.BaseContext:
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["hutch.services.parser.extract"])
+    return context
+
+
+class _Slot:
+    """One worker process and the parent's end of its pipe; replaced in place when it fails."""
+
+    def __init__(self, context: multiprocessing.context.BaseContext, limits: Limits) -> None:
+        self.context = context
+        self.limits = limits
+        self.process: BaseProcess | None = None
+        self.conn: Connection | None = None
+        self.started = 0
+
+    def start(self) -> None:
+        parent, child = self.context.Pipe(duplex=True)
+        process = self.context.Process(  # type: ignore[attr-defined]
+            target=_serve,
+            args=(child, self.limits.max_item_bytes, self.limits.memory_bytes),
+            name="hutch-parse-worker",
+            daemon=True,
+        )
+        process.start()
+        child.close()
+        self.process, self.conn = process, parent
+        self.started += 1
+
+    def stop(self, kill: bool) -> None:
+        if self.conn is not None:
+            self.conn.close()  # an idle worker reads EOF and exits
+        if self.process is not None:
+            if kill:
+                self.process.kill()
+            self.process.join(2.0)
+            if self.process.is_alive():
+                self.process.kill()
+                self.process.join(2.0)
+        self.process = self.conn = None
+
+    def replace(self) -> None:
+        self.stop(kill=True)
+        self.start()
+
+    def call(self, request: bytes) -> dict[str, Any]:
+        """Send one page, wait up to the time limit; runs in a thread, never on the loop."""
+        if self.process is None or not self.process.is_alive():
+            self.replace()  # died while idle: not this page's fault
+        assert self.conn is not None and self.process is not None
+        try:
+            self.conn.send_bytes(request)
+            if not self.conn.poll(self.limits.timeout):
+                self.replace()
+                return {"failure": "parse_timeout", "detail": f"extraction passed {self.limits.timeout:g}s"}
+            found: dict[str, Any] = json.loads(self.conn.recv_bytes(self.limits.max_item_bytes + _ANSWER_SLACK))
+        except (EOFError, OSError):
+            self.process.join(1.0)
+            code = self.process.exitcode
+            self.replace()
+            return {"failure": "parse_crash", "detail": f"worker died (exit code {code})"}
+        if found.get("failure") in REPLACE:
+            self.replace()
+        return found
+
+
+class ParsePool:
+    """`workers` extraction processes; `extract` awaits an idle one and gives it one page."""
+
+    def __init__(self, workers: int, limits: Limits) -> None:
+        self.limits = limits
+        self._context = _context()
+        self._slots = [_Slot(self._context, limits) for _ in range(max(1, workers))]
+        self._threads = ThreadPoolExecutor(max_workers=len(self._slots), thread_name_prefix="parse-wait")
+        self._idle: asyncio.Queue[_Slot] = asyncio.Queue()
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        for slot in self._slots:
+            await loop.run_in_executor(self._threads, slot.start)
+            self._idle.put_nowait(slot)
+
+    @property
+    def replaced(self) -> int:
+        """Workers started beyond the first of each slot: how many were killed or died."""
+        return sum(slot.started - 1 for slot in self._slots if slot.started)
+
+    async def extract(self, text: str, url: str, status: int, spec: Spec | None) -> dict[str, Any]:
+        """The item's fields, or `ParseFailed` with the reason."""
+        request = json.dumps(
+            {"text": text, "url": url, "status": status, "spec": spec.model_dump() if spec else None},
+            ensure_ascii=False,
+        ).encode("utf-8")
+        slot = await self._idle.get()
+        loop = asyncio.get_running_loop()
+        done = self._threads.submit(slot.call, request)
+        # Back to the idle queue when the worker is really free, even if this task is cancelled.
+        done.add_done_callback(lambda _: loop.call_soon_threadsafe(self._idle.put_nowait, slot))
+        found = await asyncio.wrap_future(done)
+        if "failure" in found:
+            raise ParseFailed(found["failure"], str(found.get("detail", "")))
+        fields: dict[str, Any] = found["fields"]
+        return fields
+
+    async def close(self) -> None:
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, self._threads.shutdown, True)
+        for slot in self._slots:
+            with contextlib.suppress(Exception):
+                slot.stop(kill=False)

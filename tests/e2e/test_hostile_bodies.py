@@ -1,0 +1,157 @@
+"""Hostile bodies, headers and proxy look-alikes, through all five services and the real broker.
+
+Each test submits one hostile URL of the sandbox (`hutch.sandbox.hostile.bodies`) as a job and
+checks where the task ended and why, and that the job has nothing pending. The bombs must end
+`too_large` (the fetcher decodes in bounded steps), a bogus charset must still be stored, a
+huge header must end cleanly. Through a forward proxy, a 407 or a `Proxy-Status` that the site
+sends is the site's answer: the proxy is not blamed (no `proxy_failure`), and an https page
+comes through a CONNECT tunnel to the sandbox's TLS site, trusted through `HUTCH_CA_FILE`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from hutch.sandbox import Sandbox, SandboxConfig
+from hutch.services.proxy_manager.pool import proxy_id
+from hutch.settings import Settings
+from hutch.store import Store
+
+from .conftest import Services, submit_urls
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(150)]
+
+CONFIG = {
+    "seed": 5,
+    "sites": [{"name": "hostile", "pages": 2}, {"name": "secure", "pages": 3, "tls": True}],
+    "proxies": [{"name": "dc1", "tier": "datacenter", "source": "127.0.1.1"}],
+}
+DIRECT, PROXIED = "direct", "proxied"
+
+
+@pytest.fixture
+async def sandbox() -> AsyncIterator[Sandbox]:
+    async with Sandbox(SandboxConfig.model_validate(CONFIG)) as box:
+        yield box
+
+
+@pytest.fixture
+def extra_env(request: pytest.FixtureRequest, sandbox: Sandbox, settings: Settings) -> dict[str, str]:
+    """The sandbox's CA is trusted; `proxied` adds a pool of one proxy, dc1."""
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    assert sandbox.ca is not None
+    env = {"HUTCH_CA_FILE": str(sandbox.ca.write(settings.data_dir / "sandbox-ca.pem"))}
+    if getattr(request, "param", DIRECT) == PROXIED:
+        pool = settings.data_dir / "proxies.txt"
+        pool.write_text(f"{sandbox.proxies['dc1'].url} datacenter\n")
+        env["HUTCH_PROXY_FILE"] = str(pool)
+    return env
+
+
+async def run_one(settings: Settings, services: Services, job: str, url: str) -> dict[str, Any]:
+    """Submit `url` alone as `job`; its task row, its dead letter (if any) and its attempts."""
+    await submit_urls(settings, job, [url])
+    counts = await services.wait_done(job, timeout=90)
+    assert counts.pending == 0 and counts.total == 1, counts
+    deadline = time.monotonic() + 15
+    while True:
+        store = Store(settings.store_location)
+        try:
+            (task,) = store.tasks(job)
+            dead = store.dead_entries(job=job)
+            items = list(store.items(job))
+            attempts = store.attempts(task["id"])
+        finally:
+            store.close()
+        # The last attempt's event travels apart from the task's end: wait for it.
+        if any(a["next"] in ("dead", "parse") for a in attempts) or time.monotonic() > deadline:
+            return {**task, "dead": dead[0] if dead else None, "items": items, "attempts": attempts}
+        await asyncio.sleep(0.2)
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["/hostile/gzip-bomb?gib=2", "/hostile/stacked-bomb?gib=2", "/hostile/deflate-bomb?gib=2"],
+    ids=["gzip", "stacked", "deflate"],
+)
+async def test_a_compression_bomb_ends_dead_too_large(
+    settings: Settings, sandbox: Sandbox, services: Services, path: str
+) -> None:
+    ended = await run_one(settings, services, "bomb", sandbox.sites["hostile"].base_url + path)
+    assert ended["state"] == "dead"
+    assert ended["dead"]["reason"] == "too_large"
+    assert "over" in ended["dead"]["detail"]
+
+
+async def test_a_header_of_a_mebibyte_ends_dead_too_large(
+    settings: Settings, sandbox: Sandbox, services: Services
+) -> None:
+    ended = await run_one(settings, services, "header", sandbox.sites["hostile"].base_url + "/hostile/huge-header")
+    assert ended["state"] == "dead"
+    assert ended["dead"]["reason"] == "too_large"
+    assert "head" in ended["dead"]["detail"]
+
+
+async def test_a_bogus_charset_is_stored_with_a_fallback_decode(
+    settings: Settings, sandbox: Sandbox, services: Services
+) -> None:
+    ended = await run_one(settings, services, "charset", sandbox.sites["hostile"].base_url + "/hostile/bogus-charset")
+    assert ended["state"] == "stored"
+    assert [item["title"] for item in ended["items"]] == ["bogus"]
+
+
+@pytest.mark.parametrize("extra_env", [DIRECT, PROXIED], indirect=True)
+async def test_a_407_from_the_site_is_the_sites_answer_with_or_without_a_proxy(
+    settings: Settings, sandbox: Sandbox, services: Services, extra_env: dict[str, str]
+) -> None:
+    ended = await run_one(settings, services, "auth", sandbox.sites["hostile"].base_url + "/hostile/origin-407")
+    assert ended["state"] == "dead"
+    assert ended["dead"]["reason"] == "client_error"
+    assert_proxy_not_blamed(ended, sandbox, proxied="HUTCH_PROXY_FILE" in extra_env)
+
+
+@pytest.mark.parametrize("extra_env", [DIRECT, PROXIED], indirect=True)
+async def test_a_proxy_status_from_the_site_is_the_sites_answer_with_or_without_a_proxy(
+    settings: Settings, sandbox: Sandbox, services: Services, extra_env: dict[str, str]
+) -> None:
+    url = sandbox.sites["hostile"].base_url + "/hostile/origin-proxy-status"
+    ended = await run_one(settings, services, "status", url)
+    # A 502 is a server error: retried, each try spending an attempt, then dead.
+    assert ended["state"] == "dead"
+    assert ended["dead"]["reason"] == "server_error"
+    answered = [a for a in ended["attempts"] if a["status"] is not None]
+    assert [a["outcome"] for a in answered] == ["server_error"] * settings.max_attempts
+    assert_proxy_not_blamed(ended, sandbox, proxied="HUTCH_PROXY_FILE" in extra_env)
+
+
+def assert_proxy_not_blamed(ended: dict[str, Any], sandbox: Sandbox, proxied: bool) -> None:
+    outcomes = [a["outcome"] for a in ended["attempts"]]
+    assert "proxy_failure" not in outcomes, outcomes
+    tried = [a for a in ended["attempts"] if a["status"] is not None]
+    expected = proxy_id(sandbox.proxies["dc1"].url) if proxied else None
+    assert tried and all(a["proxy_id"] == expected for a in tried), tried
+    relayed = [r for r in sandbox.proxy_log("dc1") if r.path.endswith(("/origin-407", "/origin-proxy-status"))]
+    assert bool(relayed) == proxied
+
+
+@pytest.mark.parametrize("extra_env", [DIRECT, PROXIED], indirect=True)
+async def test_an_https_page_is_stored_directly_and_through_a_proxy_tunnel(
+    settings: Settings, sandbox: Sandbox, services: Services, extra_env: dict[str, str]
+) -> None:
+    site = sandbox.sites["secure"]
+    assert site.base_url.startswith("https://")
+    ended = await run_one(settings, services, "tls", site.page_url(1))
+    assert ended["state"] == "stored", ended
+    fetched = [r for r in sandbox.site_log("secure") if r.path == "/page/1"]
+    tunnels = [r for r in sandbox.proxy_log("dc1") if r.method == "CONNECT" and r.site == "secure"]
+    if "HUTCH_PROXY_FILE" in extra_env:
+        assert tunnels and all(r.status == 200 for r in tunnels)
+        assert fetched and all(r.client == "127.0.1.1" for r in fetched)  # left from the proxy's address
+    else:
+        assert not tunnels
+        assert fetched and all(r.client == "127.0.0.1" for r in fetched)

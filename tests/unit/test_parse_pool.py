@@ -1,0 +1,122 @@
+"""The parse pool: worker processes that are killed past their time limit, and the item cap.
+
+These start real worker processes (a forkserver and its children), no network.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from collections.abc import AsyncIterator
+
+import pytest
+
+from hutch.models import FieldRule, Spec
+from hutch.services.parser.extract import extract
+from hutch.services.parser.pool import Limits, ParseFailed, ParsePool
+
+pytestmark = pytest.mark.timeout(60)
+
+URL = "http://127.0.0.1:8001/page/0"
+PAGE = "<html><head><title> Teapot </title></head><body><a href='/1'>one</a><a href='/2'>two</a></body></html>"
+LINKS = Spec(fields={"links": FieldRule(kind="css", expr="a::attr(href)", many=True)})
+QUADRATIC = Spec(fields={"q": FieldRule(kind="xpath", expr="//*[.=//*]")})
+DIVS = Spec(fields={"divs": FieldRule(kind="css", expr="div", many=True)})
+# 60,000 elements: `//*[.=//*]` runs for tens of seconds; the limit below is half a second.
+SLOW_PAGE = "<html><body>" + "".join(f"<i>aa{i}</i>" for i in range(60_000)) + "</body></html>"
+DEEP_PAGE = "<html><body>" + "<div>x" * 1000 + "</div>" * 1000 + "</body></html>"
+
+
+@pytest.fixture
+async def pool() -> AsyncIterator[ParsePool]:
+    found = ParsePool(1, Limits(timeout=0.5, max_item_bytes=64 * 1024, memory_bytes=512 * 1024 * 1024))
+    await found.start()
+    try:
+        yield found
+    finally:
+        await found.close()
+
+
+async def test_a_page_extracts_in_a_worker_exactly_as_in_process(pool: ParsePool) -> None:
+    assert await pool.extract(PAGE, URL, 200, None) == extract(PAGE, URL, 200, None)
+    assert await pool.extract(PAGE, URL, 200, LINKS) == {"links": ["/1", "/2"]}
+
+
+async def test_a_page_past_the_time_limit_fails_with_parse_timeout_and_its_worker_is_replaced(
+    pool: ParsePool,
+) -> None:
+    with pytest.raises(ParseFailed) as failed:
+        await pool.extract(SLOW_PAGE, URL, 200, QUADRATIC)
+    assert failed.value.reason == "parse_timeout"
+    assert pool.replaced == 1
+    # The one slot serves the next page with a new worker.
+    assert await pool.extract(PAGE, URL, 200, LINKS) == {"links": ["/1", "/2"]}
+
+
+async def test_an_item_past_the_byte_cap_fails_with_item_too_large_and_the_worker_stays(pool: ParsePool) -> None:
+    with pytest.raises(ParseFailed) as failed:
+        await pool.extract(DEEP_PAGE, URL, 200, DIVS)
+    assert failed.value.reason == "item_too_large"
+    assert pool.replaced == 0
+    assert (await pool.extract(PAGE, URL, 200, None))["title"] == "Teapot"
+
+
+async def test_an_item_just_under_the_cap_is_returned_whole() -> None:
+    limits = Limits(timeout=5.0, max_item_bytes=10 * 1024 * 1024, memory_bytes=0)
+    pool = ParsePool(1, limits)
+    await pool.start()
+    try:
+        fields = await pool.extract(DEEP_PAGE, URL, 200, DIVS)
+    finally:
+        await pool.close()
+    assert len(fields["divs"]) == 1000
+
+
+async def test_a_broken_page_or_spec_fails_with_parse_error_and_the_reason_in_the_detail(pool: ParsePool) -> None:
+    bad = Spec(fields={"x": FieldRule(kind="xpath", expr="//a[")})
+    with pytest.raises(ParseFailed) as failed:
+        await pool.extract(PAGE, URL, 200, bad)
+    assert failed.value.reason == "parse_error"
+    assert "XPath" in failed.value.detail or "xpath" in failed.value.detail.lower()
+
+
+async def test_a_worker_killed_under_a_page_fails_that_page_with_parse_crash(pool: ParsePool) -> None:
+    slot = pool._slots[0]
+    assert slot.process is not None and slot.process.pid is not None
+    pid = slot.process.pid
+    waiting = asyncio.ensure_future(pool.extract(SLOW_PAGE, URL, 200, QUADRATIC))
+    await asyncio.sleep(0.2)
+    os.kill(pid, signal.SIGKILL)
+    with pytest.raises(ParseFailed) as failed:
+        await waiting
+    assert failed.value.reason == "parse_crash"
+    assert (await pool.extract(PAGE, URL, 200, None))["title"] == "Teapot"
+
+
+async def test_a_page_past_the_memory_cap_fails_without_taking_the_pool_down() -> None:
+    pool = ParsePool(1, Limits(timeout=10.0, max_item_bytes=1 << 20, memory_bytes=30 * 1024 * 1024))
+    await pool.start()
+    big = "<html><body>" + "".join(f"<p>aaaa{i}</p>" for i in range(300_000)) + "</body></html>"
+    try:
+        with pytest.raises(ParseFailed) as failed:
+            await pool.extract(big, URL, 200, None)
+        assert failed.value.reason == "parse_memory"
+        assert pool.replaced == 1
+        assert (await pool.extract(PAGE, URL, 200, None))["title"] == "Teapot"
+    finally:
+        await pool.close()
+
+
+async def test_two_workers_serve_a_normal_page_while_the_other_is_stuck() -> None:
+    pool = ParsePool(2, Limits(timeout=5.0, max_item_bytes=1 << 20, memory_bytes=0))
+    await pool.start()
+    try:
+        stuck = asyncio.ensure_future(pool.extract(SLOW_PAGE, URL, 200, QUADRATIC))
+        await asyncio.sleep(0.1)
+        assert await pool.extract(PAGE, URL, 200, LINKS) == {"links": ["/1", "/2"]}
+        assert not stuck.done()  # served while the other worker was still stuck
+        with pytest.raises(ParseFailed):
+            await stuck
+    finally:
+        await pool.close()
