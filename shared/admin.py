@@ -18,12 +18,12 @@ from hutch.models import DecodeError, DomainRecord, decode
 from hutch.settings import Settings
 
 
-async def registered_domains(broker: Broker, idle: float = 0.5) -> set[str]:
-    """Every domain in the registry stream, read from its first entry."""
+async def registered_domains(broker: Broker, idle: float = 0.5, stream: str | None = None) -> set[str]:
+    """Every domain in the registry stream (`stream`, or this topology's), from its first entry."""
     found: set[str] = set()
     channel = await broker.channel(prefetch=1000)
     try:
-        queue = await channel.declare_queue(broker.topology.domains, passive=True)
+        queue = await channel.declare_queue(stream or broker.topology.domains, passive=True)
         seen = asyncio.Event()
 
         async def on_record(message: AbstractIncomingMessage) -> None:

@@ -7,10 +7,24 @@ Three rules live here so no service has to remember them:
   timeout raises `PublishFailed`. A caller that gets no exception knows the broker has it.
 - Handlers never ack. `Broker.consume` wraps a handler: it decodes the body into its model
   (undecodable -> dead letter with reason `decode`), runs the handler inside a consumer span,
-  and then acks when it returns, dead-letters on `Dead`, requeues on `Requeue` or on a failed
-  publish, and on an unexpected error requeues once and dead-letters the redelivery, so a
-  poison message never crash-loops a service. The handler publishes what it produced before
-  it returns, so a message is acked only after its successors are confirmed (at-least-once).
+  and then acks when it returns and dead-letters on `Dead`. The handler publishes what it
+  produced before it returns, so a message is acked only after its successors are confirmed
+  (at-least-once).
+- Every message ends, whatever fails. Two counts travel in its headers, because `redelivered`
+  says only that some consumer once held it, not how often:
+  - `x-hutch-crashes`: a delivery flagged `redelivered` means a consumer died holding it (or
+    its channel closed). A process killed by a message cannot count anything itself, so the
+    next consumer republishes the message with the count raised, acks the redelivery and
+    lets the fresh copy be handled; at `max_crashes` it is dead (`crashed`) with its stage.
+  - `x-hutch-failures`: an exception from the handler (an error that belongs to the message)
+    republishes it with the count raised; at `max_failures` it is dead (`error`).
+  Both republish and ack instead of nack-requeue, so `redelivered` keeps its meaning. A dead
+  Page keeps its page, so a replay re-parses without a re-fetch.
+- Errors of the infrastructure (`Requeue`, a failed publish, a lost channel) spend nothing:
+  the message waits a short backoff (growing with each such error in a row on that
+  consumer, at most `INFRA_BACKOFF_MAX`) and is republished with its counts unchanged. When
+  even that publish fails the message is nack-requeued, and the broker's redelivery then
+  counts as one crash: one reason `max_crashes` is more than 1.
 - Connections are robust: after a broker restart aio-pika reopens channels and redeclares
   every exchange, queue and binding declared through them, including the domain queues the
   governor declares at run time, and each consumer subscribes again on the reopened channel.
@@ -29,6 +43,7 @@ import datetime
 import logging
 import uuid
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
 import aio_pika
@@ -57,6 +72,26 @@ from hutch.topology import QueueSpec, Topology
 log = logging.getLogger(__name__)
 M = TypeVar("M", bound=BaseModel)
 
+CRASHES = "x-hutch-crashes"  # header: times a consumer died holding this message
+FAILURES = "x-hutch-failures"  # header: times a handler raised on this message
+INFRA_BACKOFF_FIRST = 0.25  # seconds before the first republish after an infrastructure error
+INFRA_BACKOFF_MAX = 5.0  # seconds, at most, however many errors in a row
+# x-death headers tell the history of broker dead-lettering (delay tiers); a republish is a new
+# message, and the attempt count lives in the body, so they are dropped (their format also
+# changed across RabbitMQ 3.13 and 4.x).
+_DEATH_HEADERS = ("x-death", "x-first-death-", "x-last-death-")
+
+
+def infra_backoff(errors_in_a_row: int) -> float:
+    """Seconds to wait before returning a message after this many infrastructure errors in a row."""
+    doublings = min(max(errors_in_a_row - 1, 0), 16)
+    return min(INFRA_BACKOFF_FIRST * float(1 << doublings), INFRA_BACKOFF_MAX)
+
+
+def _count(value: object) -> int:
+    """A count header as an int; anything else (absent, forged, wrong type) is 0."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
 
 class PublishFailed(Exception):
     """The broker did not take a message: nacked, returned as unroutable, or timed out."""
@@ -77,7 +112,16 @@ class Dead(Exception):
 
 
 class Requeue(Exception):
-    """Raised by a handler: put the message back on its queue untouched (nothing was spent)."""
+    """Raised by a handler: put the message back on its queue untouched (nothing was spent).
+
+    The layer republishes it with its counts unchanged and acks the delivery. With `backoff`
+    (an error of the infrastructure: store, disk, broker) it first waits a short, growing
+    delay; without (the governor returning a task it held for a paused domain) at once.
+    """
+
+    def __init__(self, why: str = "", *, backoff: bool = True) -> None:
+        super().__init__(why)
+        self.backoff = backoff
 
 
 Handler = Callable[[M, "Delivery"], Awaitable[None]]
@@ -95,7 +139,7 @@ def task_id_of(body: object) -> str | None:
 
 
 def topology_for(settings: Settings) -> Topology:
-    return Topology(settings.namespace, settings.queue_type, settings.retry_delays)
+    return Topology(settings.namespace, settings.queue_type, settings.retry_delays, settings.dlq_max_length)
 
 
 async def declare_queue(channel: AbstractChannel, spec: QueueSpec) -> AbstractQueue:
@@ -172,7 +216,7 @@ class Delivery:
     time at 2,000 permits a second (bench/governor_permits.py).
     """
 
-    __slots__ = ("_channel", "_tag", "body", "properties", "redelivered", "routing_key")
+    __slots__ = ("_channel", "_tag", "body", "crashes", "failures", "properties", "redelivered", "routing_key")
 
     def __init__(self, message: DeliveredMessage, channel: aiormq.abc.AbstractChannel) -> None:
         delivery = message.delivery
@@ -183,6 +227,10 @@ class Delivery:
         self.properties = message.header.properties
         self.redelivered = bool(delivery.redelivered)
         self.routing_key = delivery.routing_key
+        headers = self.properties.headers
+        # How often this message crashed a consumer, and made a handler raise (at this stage).
+        self.crashes = _count(headers.get(CRASHES)) if headers else 0
+        self.failures = _count(headers.get(FAILURES)) if headers else 0
 
     @property
     def headers(self) -> dict[str, Any]:
@@ -207,6 +255,51 @@ class Delivery:
 
     async def nack(self, requeue: bool = True) -> None:
         await cast(aiormq.Channel, self._channel).basic_nack(self._tag, requeue=requeue, wait=False)
+
+    @property
+    def channel_closed(self) -> bool:
+        """The channel it came on is gone: the broker has requeued it already."""
+        return bool(self._channel.is_closed)
+
+    def properties_with(self, crashes: int, failures: int) -> Basic.Properties:
+        """Its properties for a republish, with these counts."""
+        return copy_properties(self.properties, {CRASHES: crashes, FAILURES: failures})
+
+
+def copy_properties(p: Basic.Properties, headers: dict[str, Any] | None = None) -> Basic.Properties:
+    """A received message's properties for publishing it again: `headers` set, broker
+    dead-letter history dropped, everything else (message id, timestamp, trace) kept."""
+    kept = {k: v for k, v in (p.headers or {}).items() if not k.startswith(_DEATH_HEADERS)}
+    kept.update(headers or {})
+    # No user_id: the broker checks it against the republishing connection's user.
+    return Basic.Properties(
+        content_type=p.content_type,
+        content_encoding=p.content_encoding,
+        headers=kept,
+        delivery_mode=p.delivery_mode,
+        priority=p.priority,
+        correlation_id=p.correlation_id,
+        reply_to=p.reply_to,
+        expiration=p.expiration,
+        message_id=p.message_id,
+        timestamp=p.timestamp,
+        message_type=p.message_type,
+        app_id=p.app_id,
+    )
+
+
+@dataclass
+class _Consuming:
+    """What the layer needs to settle one consumer's messages, and its infrastructure streak."""
+
+    queue: str
+    stage: str
+    model: type[BaseModel]
+    handler: Handler[Any]
+    dead_letter: bool
+    max_crashes: int
+    max_failures: int
+    infra_errors: int = 0  # in a row; a handled message resets it
 
 
 class Consumer:
@@ -332,6 +425,16 @@ class Broker:
             await channel.set_qos(prefetch_count=prefetch)
         return channel
 
+    async def raw_channel(self) -> aiormq.abc.AbstractChannel:
+        """A plain channel for one-off admin work (passive declares, moves, deletes).
+
+        Not robust on purpose: a failed passive declare closes a channel, and a robust one
+        would be reopened behind the caller's back; nothing here is to be restored after a
+        reconnect either. The caller closes it.
+        """
+        assert self.connection is not None and self.connection.transport is not None, "connect() first"
+        return await self.connection.transport.connection.channel()
+
     async def stop_consuming(self) -> None:
         for consumer in self._consumers:
             await consumer.cancel()
@@ -403,6 +506,11 @@ class Broker:
             telemetry.inject(all_headers)  # the properties hold this dict: sent with the trace
             await self._send(exchange, routing_key, payload, properties, mandatory)
 
+    async def forward(self, exchange: str, routing_key: str, body: bytes, properties: Basic.Properties) -> None:
+        """Publish a received message again as it was (see `copy_properties`), confirmed and
+        mandatory; raise PublishFailed if the broker does not take it."""
+        await self._send(exchange, routing_key, body, properties, True)
+
     async def _send(
         self, exchange: str, routing_key: str, payload: bytes, properties: Basic.Properties, mandatory: bool
     ) -> None:
@@ -465,28 +573,44 @@ class Broker:
         prefetch: int = 1,
         channel: AbstractChannel | None = None,
         arguments: dict[str, Any] | None = None,
+        dead_letter: bool = True,
+        max_crashes: int | None = None,
+        declare: bool = True,
     ) -> Consumer:
         """Consume `queue`, decoding each body as `model` and acking by the handler's outcome.
 
         The queue is (re)declared on the consumer's channel so that a robust reconnect
-        restores it, its bindings and this consumer.
+        restores it, its bindings and this consumer. `declare=False` consumes a queue already
+        declared on `channel` (aio-pika's robust channel keeps every declared queue object and
+        redeclares each after a reconnect, so declaring again on every resume would pile them
+        up). `dead_letter=False` never publishes to the dead exchange: what would go dead is
+        logged by its id and dropped (the ledger, which must not feed itself). `max_crashes`
+        overrides the setting for a consumer whose redeliveries are mostly not crashes.
         """
         spec = queue if isinstance(queue, QueueSpec) else self.topology.queue(queue)
         channel = channel or await self.channel(prefetch)
-        declared = await declare_queue(channel, spec)
-        queue_name = spec.name
+        name = (await declare_queue(channel, spec)).name if declare else spec.name
+        how = _Consuming(
+            queue=spec.name,
+            stage=stage,
+            model=model,
+            handler=handler,
+            dead_letter=dead_letter,
+            max_crashes=max_crashes or self.settings.max_crashes,
+            max_failures=self.settings.max_failures,
+        )
 
         async def on_message(message: Delivery) -> None:
             self._in_flight += 1
             self._idle.clear()
             try:
-                await self._handle(message, queue_name, model, handler, stage)
+                await self._handle(message, how)
             finally:
                 self._in_flight -= 1
                 if self._in_flight == 0:
                     self._idle.set()
 
-        consumer = await Consumer(channel, declared.name, on_message, arguments).start()
+        consumer = await Consumer(channel, name, on_message, arguments).start()
         self._consumers.append(consumer)
         return consumer
 
@@ -501,96 +625,147 @@ class Broker:
         """
         return await Consumer(channel, queue, handler, no_ack=True).start()
 
-    async def _handle(
-        self,
-        message: Delivery,
-        queue: str,
-        model: type[M],
-        handler: Handler[M],
-        stage: str,
-    ) -> None:
+    async def _handle(self, message: Delivery, how: _Consuming) -> None:
         if not telemetry.enabled():
-            await self._process(message, queue, model, handler, stage, trace.INVALID_SPAN)
+            await self._process(message, how, trace.INVALID_SPAN)
             return
         with telemetry.tracer().start_as_current_span(
-            f"{queue} process",
+            f"{how.queue} process",
             context=telemetry.extract(message.headers),
             kind=trace.SpanKind.CONSUMER,
             attributes={
                 "messaging.system": "rabbitmq",
                 "messaging.operation": "process",
-                "messaging.destination.name": queue,
+                "messaging.destination.name": how.queue,
                 "messaging.message.id": message.message_id or "",
-                "hutch.stage": stage,
+                "hutch.stage": how.stage,
             },
         ) as span:
-            await self._process(message, queue, model, handler, stage, span)
+            await self._process(message, how, span)
 
-    async def _process(
-        self,
-        message: Delivery,
-        queue: str,
-        model: type[M],
-        handler: Handler[M],
-        stage: str,
-        span: trace.Span,
-    ) -> None:
+    async def _process(self, message: Delivery, how: _Consuming, span: trace.Span) -> None:
+        if message.redelivered:
+            await self._crashed(message, how, span)
+            return
         try:
-            payload = decode(message.body, model)
+            payload = decode(message.body, how.model)
         except DecodeError as exc:
-            log.warning("undecodable message on %s: %s", queue, exc)
+            log.warning("undecodable message on %s: %s", how.queue, exc)
             span.set_attribute("hutch.outcome", "decode")
-            await self._dead_then_ack(message, stage, "decode", str(exc), None, queue)
+            await self._dead_then_ack(message, how, "decode", str(exc), None)
             return
         about = task_id_of(payload)
         if about is not None:
             span.set_attribute("hutch.task.id", about)
         try:
-            await handler(payload, message)
+            await how.handler(payload, message)
         except Dead as dead:
             span.set_attribute("hutch.outcome", f"dead:{dead.reason}")
-            task = dead.task or (payload if isinstance(payload, Task) else getattr(payload, "task", None))
-            await self._dead_then_ack(message, stage, dead.reason, dead.detail, task, queue, payload)
-        except Requeue:
-            await self._settle(message, requeue=True)
+            await self._dead_then_ack(message, how, dead.reason, dead.detail, payload, dead.task)
+        except Requeue as requeue:
+            await self._requeue(message, how, backoff=requeue.backoff)
         except (PublishFailed, AMQPError, ConnectionError) as exc:
-            log.warning("%s: could not pass work on (%s); requeued", queue, exc)
-            await self._settle(message, requeue=True)
+            log.warning("%s: could not pass work on (%s); returned to the queue", how.queue, exc)
+            await self._requeue(message, how, backoff=True)
         except asyncio.CancelledError:
+            # Cancelled at shutdown: nothing can be awaited any more. The broker redelivers
+            # it, and that redelivery counts as one crash.
             await self._settle(message, requeue=True)
             raise
         except Exception as exc:
             span.record_exception(exc)
-            if message.redelivered:
-                log.exception("%s: handler failed twice; dead-lettering", queue)
-                task = payload if isinstance(payload, Task) else getattr(payload, "task", None)
-                await self._dead_then_ack(
-                    message, stage, "error", f"{type(exc).__name__}: {exc}", task, queue, payload
-                )
-            else:
-                log.exception("%s: handler failed; requeued once", queue)
-                await self._settle(message, requeue=True)
+            await self._failed(message, how, payload, exc)
         else:
+            how.infra_errors = 0
             await self._settle(message)
+
+    async def _crashed(self, message: Delivery, how: _Consuming, span: trace.Span) -> None:
+        """A redelivery: count the crash in a fresh copy, or give up at `max_crashes`."""
+        crashes = message.crashes + 1
+        if crashes >= how.max_crashes:
+            log.error("%s: message %s crashed a consumer %d times; dead", how.queue, message.message_id, crashes)
+            span.set_attribute("hutch.outcome", "dead:crashed")
+            try:
+                payload: BaseModel | None = decode(message.body, how.model)
+            except DecodeError:
+                payload = None  # kept raw in the dead letter
+            detail = f"a consumer at stage {how.stage} died holding it {crashes} times"
+            await self._dead_then_ack(message, how, "crashed", detail, payload)
+            return
+        log.warning(
+            "%s: message %s redelivered (crash %d of %d)", how.queue, message.message_id, crashes, how.max_crashes
+        )
+        await self._republish(message, how, crashes, message.failures)
+
+    async def _failed(self, message: Delivery, how: _Consuming, payload: BaseModel, exc: Exception) -> None:
+        """The handler raised: count it in a fresh copy, or give up at `max_failures`."""
+        failures = message.failures + 1
+        if failures >= how.max_failures:
+            log.exception("%s: handler failed %d times; dead", how.queue, failures)
+            detail = f"{type(exc).__name__}: {exc}"
+            await self._dead_then_ack(message, how, "error", detail, payload)
+            return
+        log.exception("%s: handler failed (%d of %d); republished", how.queue, failures, how.max_failures)
+        await self._republish(message, how, message.crashes, failures)
+
+    async def _requeue(self, message: Delivery, how: _Consuming, *, backoff: bool) -> None:
+        """Back to its queue with its counts unchanged: nothing was spent."""
+        if backoff:
+            how.infra_errors += 1
+            await asyncio.sleep(infra_backoff(how.infra_errors))
+        await self._republish(message, how, message.crashes, message.failures)
+
+    async def _republish(self, message: Delivery, how: _Consuming, crashes: int, failures: int) -> None:
+        """Publish a copy with these counts to the same queue (confirmed), then ack the delivery.
+
+        If the channel closed meanwhile, the broker has requeued the message already and a
+        copy would be a duplicate. If the copy is not confirmed, nack-requeue: its
+        redelivery will count as a crash, which bounds even this path.
+        """
+        if message.channel_closed:
+            return
+        try:
+            await self._send("", how.queue, message.body, message.properties_with(crashes, failures), True)
+        except PublishFailed as exc:
+            log.warning("%s: could not republish (%s); requeued by the broker", how.queue, exc)
+            await self._settle(message, requeue=True)
+            return
+        await self._settle(message)
 
     async def _dead_then_ack(
         self,
         message: Delivery,
-        stage: str,
+        how: _Consuming,
         reason: str,
         detail: str,
-        task: Task | None,
-        queue: str,
-        payload: object = None,
+        payload: object,
+        task: Task | None = None,
     ) -> None:
+        if not how.dead_letter:
+            # This queue's messages must never reach the dead exchange (the ledger would
+            # feed itself): the message is dropped, and the log says which one.
+            log.error(
+                "%s: message %s dropped (%s: %s); this queue does not dead-letter",
+                how.queue, message.message_id, reason, detail[:200],
+            )
+            await self._settle(message)
+            return
         page = payload if isinstance(payload, Page) else None
+        if task is None:
+            task = payload if isinstance(payload, Task) else getattr(payload, "task", None)
         try:
             await self.publish_dead(
-                stage, reason, detail, task=task, page=page, raw=None if task else message.body, queue=queue
+                how.stage,
+                reason,
+                detail,
+                task=task,
+                page=page,
+                raw=None if task else message.body,
+                queue=how.queue,
             )
         except PublishFailed as exc:
-            log.warning("dead letter not confirmed (%s); message requeued", exc)
-            await self._settle(message, requeue=True)
+            log.warning("dead letter not confirmed (%s); message returned to the queue", exc)
+            await self._requeue(message, how, backoff=True)
             return
         await self._settle(message)
 

@@ -45,6 +45,15 @@ class Settings(BaseSettings):
         10.0, description="seconds in-flight work may finish after SIGTERM"
     )
     log_level: str = Field("INFO", description="logging level of every service")
+    max_crashes: int = Field(
+        3, ge=1, description="redeliveries (a consumer died holding it) before a message is dead as `crashed`"
+    )
+    max_failures: int = Field(
+        3, ge=1, description="handler errors on one message before it is dead as `error`, per stage"
+    )
+    dlq_max_length: int = Field(
+        100_000, ge=1, description="dead letters kept in the `dlq` queue (oldest dropped; the ledger is the record)"
+    )
 
     # Store
     data_dir: Path = Field(Path("hutch-data"), description="folder of the embedded SQLite store")

@@ -3,8 +3,15 @@
 RabbitMQ refuses to redeclare a queue with other arguments (PRECONDITION_FAILED) and
 silently ignores a misspelt `x-dead-letter-exchange`, so the topology is data here and
 every service declares it, idempotently, through `declare` at start. Names carry the
-namespace (tests isolate on it) and a version (`v2`), so a change of arguments is a new
-name rather than a clash with queues already on a broker.
+namespace (tests isolate on it) and a version (`v3`), so a change of arguments is a new
+name rather than a clash with queues already on a broker; `hutch.migrate` moves what waits
+in the previous version's queues into the new ones.
+
+Versions: `v2` had delivery limits on the quorum work queues only and an unbounded `dlq`;
+`v3` gives every quorum queue a consumer can return a message to an explicit
+`x-delivery-limit` and a dead-letter target (the frontier's domain queues too, with a high
+limit, since returns are republishes now), and bounds the `dlq` (`HUTCH_DLQ_MAX_LENGTH`,
+oldest dropped: the storer's ledger is the record).
 
 Shape (see the design card):
 - `frontier` (direct, alternate exchange `frontier.unrouted`): key `d.<domain>`, one durable
@@ -31,7 +38,15 @@ from typing import Any, Literal
 
 from hutch.domains import amqp_name, routing_key
 
-VERSION = "v2"
+VERSION = "v3"
+PREVIOUS_VERSIONS = ("v2",)  # whose queues `hutch.migrate` empties into this version's
+# Backstops on quorum queues: the AMQP layer counts crashes and failures itself and returns
+# messages by republishing (a new message, counted from zero), so the broker's count only
+# grows with nack-requeues and closed channels of one copy. RabbitMQ 4.x would otherwise
+# apply a default of 20.
+WORK_DELIVERY_LIMIT = 1000
+# A domain queue's held task comes back each time a governor stops or dies holding it.
+FRONTIER_DELIVERY_LIMIT = 10_000
 ExchangeType = Literal["direct", "fanout", "topic"]
 
 
@@ -69,11 +84,15 @@ class Topology:
         namespace: str,
         queue_type: Literal["classic", "quorum"] = "classic",
         retry_delays: Iterable[float] = (1, 5, 30, 120, 600, 3600),
+        dlq_max_length: int = 100_000,
+        version: str = VERSION,
     ) -> None:
         self.namespace = namespace
         self.queue_type = queue_type
         self.retry_delays = tuple(sorted(set(float(d) for d in retry_delays)))
-        p = f"{namespace}.{VERSION}."
+        self.dlq_max_length = dlq_max_length
+        self.version = version  # another than VERSION only to name an old version's queues
+        p = f"{namespace}.{version}."
         self.prefix = p
         self.frontier = p + "frontier"
         self.unrouted = p + "frontier.unrouted"
@@ -92,17 +111,30 @@ class Topology:
 
     # -- arguments -----------------------------------------------------------------
 
-    def _durable_args(self, *, delivery_limit: bool = False) -> dict[str, Any]:
+    def _durable_args(self, *, delivery_limit: int | None = None, dead_letter_to_dlq: bool = False) -> dict[str, Any]:
+        """A durable queue's arguments; `delivery_limit` for a queue a consumer may return to.
+
+        On quorum, such a queue gets an explicit `x-delivery-limit` and a dead-letter target,
+        so nothing past the limit is dropped unseen: the dead exchange (the `dlq` and the
+        ledger), or for the ledger itself the `dlq` alone, so the ledger never feeds itself.
+        A message the broker dead-letters this way is the raw message, not a `DeadLetter`:
+        the `dlq` keeps it (with its `x-death` history); the ledger's consumer logs its id and
+        drops it. It is a backstop: the AMQP layer's counts end a message long before.
+        Classic queues have no delivery limit: the AMQP layer's counts bound them.
+        """
         if self.queue_type == "classic":
             # Version 2 of the classic queue's index and store (RabbitMQ 3.10+, opt-in there):
             # measured on the governor's hot path (bench/governor_permits.py), the broker
             # spends about a fifth less CPU per task than with version 1.
             return {"x-queue-type": "classic", "x-queue-version": 2}
         args: dict[str, Any] = {"x-queue-type": "quorum"}
-        if delivery_limit:
-            # Only on work queues: on frontier queues every requeue after a pause or a
-            # governor takeover would count as a delivery and could drop good work.
-            args["x-delivery-limit"] = 1000
+        if delivery_limit is not None:
+            args["x-delivery-limit"] = delivery_limit
+            if dead_letter_to_dlq:
+                args["x-dead-letter-exchange"] = ""  # the default exchange: by queue name
+                args["x-dead-letter-routing-key"] = self.dlq
+            else:
+                args["x-dead-letter-exchange"] = self.dead
         return args
 
     def domain_queue(self, domain: str) -> QueueSpec:
@@ -111,7 +143,7 @@ class Topology:
         Single active consumer: every governor consumes every domain queue and the broker
         lets one of them at a time release that domain's tasks (standby takes over).
         """
-        args = self._durable_args()
+        args = self._durable_args(delivery_limit=FRONTIER_DELIVERY_LIMIT)
         args["x-single-active-consumer"] = True
         return QueueSpec(
             # A valid AMQP name for any domain and namespace: a long one ends in a hash.
@@ -146,7 +178,8 @@ class Topology:
 
     @property
     def queues(self) -> tuple[QueueSpec, ...]:
-        work = self._durable_args(delivery_limit=True)
+        work = self._durable_args(delivery_limit=WORK_DELIVERY_LIMIT)
+        ledger = self._durable_args(delivery_limit=WORK_DELIVERY_LIMIT, dead_letter_to_dlq=True)
         plain = self._durable_args()
         tiers = []
         for delay in self.retry_delays:
@@ -162,23 +195,34 @@ class Topology:
             name = self.tier_exchange(delay)
             tiers.append(QueueSpec(name, args, ((name, ""),)))
         return (
-            QueueSpec(self.unrouted, plain, ((self.unrouted, ""),)),
+            QueueSpec(self.unrouted, work, ((self.unrouted, ""),)),
             QueueSpec(self.fetch_ready, work, ((self.work, "fetch.ready"),)),
             QueueSpec(self.parse, work, ((self.work, "parse"),)),
             QueueSpec(self.store, work, ((self.work, "store"),)),
-            QueueSpec(self.dlq, plain, ((self.dead, ""),)),
-            QueueSpec(self.ledger, work, ((self.dead, ""),)),
+            # Kept for a look with the broker's tools, bounded: the ledger is the record.
+            QueueSpec(
+                self.dlq,
+                {**plain, "x-max-length": self.dlq_max_length, "x-overflow": "drop-head"},
+                ((self.dead, ""),),
+            ),
+            QueueSpec(self.ledger, ledger, ((self.dead, ""),)),
             QueueSpec(self.events_storer, work, ((self.events, "released.#"), (self.events, "outcome.#"))),
             # Durable, so proxy health hears of outcomes across a manager restart; capped
-            # (oldest dropped), since stale health reports are worth little.
+            # (oldest dropped), since stale health reports are worth little. No dead-letter
+            # target: each overflow would become a dead letter.
             QueueSpec(
                 self.events_proxy,
-                {**plain, "x-max-length": 100_000, "x-single-active-consumer": True},
+                {
+                    **plain,
+                    **({"x-delivery-limit": WORK_DELIVERY_LIMIT} if self.queue_type == "quorum" else {}),
+                    "x-max-length": 100_000,
+                    "x-single-active-consumer": True,
+                },
                 ((self.events, "outcome.#"),),
             ),
             # One proxy-manager answers at a time (its caps and bans are in its memory); a
             # second one waits as standby and takes over when the first goes away.
-            QueueSpec(self.rpc_proxy, {**plain, "x-single-active-consumer": True}),
+            QueueSpec(self.rpc_proxy, {**work, "x-single-active-consumer": True}),
             QueueSpec(
                 self.domains,
                 {"x-queue-type": "stream", "x-max-length-bytes": 256 * 1024 * 1024},

@@ -1,8 +1,12 @@
 """The fetcher's wiring: permit check, proxy lease, fetch, and routing of the outcome.
 
 A fetcher never decides when to hit a site: it only fetches tasks that hold a fresh permit.
-A task whose permit expired, or a redelivered one whose permit may already have been used,
-goes back to its domain queue without spending an attempt. After each attempt the task
+A task whose permit expired goes back to its domain queue without spending an attempt (the
+governor's business, bounded by time). Every error that belongs to the task spends one, so
+the task's attempt budget bounds it and it ends dead: a task that a fetcher died holding
+(the AMQP layer counts the crash in its headers) is recorded as an attempt `crashed` and is
+not fetched again by this delivery, and an exception nothing foresaw in fetching or routing
+becomes the outcome `error`. After each attempt the task
 goes on to `parse`, to a delay tier (which dead-letters it back into its domain queue when
 the delay is over), straight back to a domain queue (a redirect, a failed proxy), or to the
 dead exchange; then an outcome event is published; only then is the `fetch.ready` message
@@ -20,8 +24,9 @@ import socket
 import time
 
 import httpx
+from aio_pika.exceptions import AMQPError
 
-from hutch.amqp import Delivery, RpcClient
+from hutch.amqp import Delivery, PublishFailed, RpcClient
 from hutch.domains import event_key, routing_key
 from hutch.models import Attempt, Event, FetcherHeartbeat, Lease, LeaseRequest, Page, RobotsFetched, Task
 from hutch.service import Service
@@ -155,12 +160,14 @@ class Fetcher(Service):
                 log.warning("proxy-manager did not answer a lease request; asking again")
 
     async def _on_task(self, task: Task, message: Delivery) -> None:
+        if message.crashes:
+            # Before the permit check: a page that kills its fetcher must spend an attempt
+            # even when its redelivery comes after the permit expired.
+            detail = f"a fetcher died holding this task ({message.crashes} time(s))"
+            await self._outcome(task, Lease(direct=True), FetchResult("crashed", 0.0, detail=detail))
+            return
         if task.permit is None or task.permit.expires <= time.time():
             await self._back_to_frontier(task, "permit_expired")
-            return
-        if message.redelivered:
-            # A fetcher may have died after using this permit: get a fresh one.
-            await self._back_to_frontier(task, "redelivered")
             return
         self.busy += 1
         try:
@@ -172,17 +179,35 @@ class Fetcher(Service):
             if not lease.direct and lease.proxy_id is None:
                 await self._no_proxy_now(task, lease)
                 return
-            result = await self._fetch(task, lease)
+            started = time.monotonic()
+            try:
+                result = await self._fetch(task, lease)
+            except Exception as exc:  # a bug or an input nothing foresaw: an outcome like any other
+                log.exception("fetching task %s failed unexpectedly", task.id)
+                result = _error(exc, time.monotonic() - started)
             if result is None:  # cut off by a shutdown: back to the frontier, unspent
                 await self._back_to_frontier(task, "shutdown")
                 return
         finally:
             self.busy -= 1
+        await self._outcome(task, lease, result)
+
+    async def _outcome(self, task: Task, lease: Lease, result: FetchResult) -> None:
+        """Route what one attempt produced; an unexpected error in routing is the outcome `error`."""
         if task.purpose == "robots":
             await self._robots_result(task, lease, result)
             return
-        decision = decide(result, task.attempts, task.history, self.policy, self.broker.topology.retry_delays)
-        await self._route(task, lease, result, decision)
+        tiers = self.broker.topology.retry_delays
+        try:
+            await self._route(task, lease, result, decide(result, task.attempts, task.history, self.policy, tiers))
+        except (PublishFailed, AMQPError, ConnectionError):
+            raise  # the infrastructure's: the AMQP layer requeues it unspent
+        except Exception as exc:
+            if result.outcome == "error":
+                raise  # routing an error failed too: the AMQP layer counts it and gives up
+            log.exception("routing task %s (%s) failed unexpectedly", task.id, result.outcome)
+            error = _error(exc, result.elapsed, result.status)
+            await self._route(task, lease, error, decide(error, task.attempts, task.history, self.policy, tiers))
 
     async def _back_to_frontier(self, task: Task, why: str) -> None:
         """Back to the domain queue with no permit and no attempt spent."""
@@ -324,6 +349,10 @@ class Fetcher(Service):
             task=task.model_copy(update={"permit": None}),  # the store keeps it (reconciler)
         )
         await self.broker.publish(self.broker.topology.events, event_key("outcome", task.domain), event)
+
+
+def _error(exc: Exception, elapsed: float, status: int | None = None) -> FetchResult:
+    return FetchResult("error", elapsed, status=status, detail=f"{type(exc).__name__}: {exc}"[:500])
 
 
 SERVICE = Fetcher

@@ -25,6 +25,8 @@ Outcomes and their default rules:
 - not_found (404, 410), client_error (other 4xx), too_large, bad_encoding (a content
   encoding unknown, stacked too deep or corrupt), redirects (too many),
   invalid_url, forbidden_target (refused by the SSRF guard): dead at once.
+- crashed (a fetcher died holding the task), error (an exception nothing foresaw):
+  exponential backoff; spend an attempt.
 
 Pure functions of the result and the task's history: no broker, no clock; the jitter
 source is injected.
@@ -92,6 +94,11 @@ DEFAULT_RULES: dict[str, Rule] = {
     "redirects": Rule(retry=False),
     "invalid_url": Rule(retry=False),
     "forbidden_target": Rule(retry=False),
+    # Errors that belong to the task and that no rule above foresaw: a fetcher that died
+    # holding it (out of memory, a crash), an exception in fetching or routing. They spend an
+    # attempt each, so the budget bounds them and the task ends dead, never pending for ever.
+    "crashed": Rule(retry=True, first_tier=1),
+    "error": Rule(retry=True),
 }
 
 

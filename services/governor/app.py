@@ -17,7 +17,16 @@
   most one task per domain and asks `Core.check` what to do with it. A wait longer than
   `max_hold` (a pause, a takeover, robots.txt failing) is never spent holding the message
   (RabbitMQ's `consumer_timeout` would close the channel): the task goes back and the
-  domain's consumer is cancelled until it is due. Waits for the fleet's capacity are served
+  domain's consumer is cancelled until it is due. It goes back by republish and ack
+  (`Requeue` without backoff), never by nack-requeue: on quorum queues every return would
+  count toward `x-delivery-limit`, and a redelivery would count as a crash. (The returned
+  task goes to the back of its domain's queue: order within a domain is not kept across a
+  pause.)
+- A domain queue is declared once on its channel and consumed again after each pause
+  without declaring it again: aio-pika's robust channel keeps every queue object declared
+  on it (to redeclare them all after a reconnect), so a declaration per resume would pile
+  them up for as long as the governor runs. A domain whose consumer could not be started
+  (the connection dropped mid-declare) is tried again until it runs. Waits for the fleet's capacity are served
   in arrival order, one held task per domain, so a domain with a huge backlog takes its turn
   like any other and never starves the rest.
 - A release publishes the task with its permit to `fetch.ready` (confirms of every domain's
@@ -46,6 +55,7 @@ from aio_pika.abc import AbstractChannel, AbstractQueue
 
 from hutch.amqp import Broker, Consumer, Dead, Delivery, PublishFailed, Requeue, declare_queue
 from hutch.domains import routing_key
+from hutch.migrate import migrate
 from hutch.models import (
     DecodeError,
     DomainRecord,
@@ -76,6 +86,11 @@ SHORT_PAUSE = 1.0  # how long a domain stops consuming after a capacity or concu
 RELEASE_FLUSH = 0.05  # seconds between two batches of `released` events
 RELEASE_BATCH = 500  # a batch this large goes out at once
 GOVERNOR_HEADER = "x-hutch-governor"
+# A redelivery from a domain queue is almost always a governor that stopped or died holding
+# its one task per domain (shutdown closes the channels, which returns every held task at
+# once), not a task that killed it: the governor reads no page. Crashes still end there, but
+# a good task must survive many governor restarts.
+DOMAIN_MAX_CRASHES = 50
 EVENT_KEYS = ("outcome.#", "released.#", "robots.#", "fetcher.heartbeat", "rescued.#", status_routing_key())
 RESCUED_MEMORY = 100_000  # rescued tasks whose newest incarnation a governor remembers
 
@@ -88,6 +103,7 @@ def governor_id() -> str:
 @dataclass
 class DomainState:
     consumer: Consumer | None = None
+    declared: bool = False  # its queue is declared on its channel (which redeclares it on reconnect)
     resume: asyncio.TimerHandle | None = None
     resume_on_robots: bool = False
     changed: asyncio.Event = field(default_factory=asyncio.Event)
@@ -128,6 +144,9 @@ class Governor(Service):
     async def start(self) -> None:
         s = self.settings
         self.id = governor_id()
+        # Work left in an older topology version's queues moves into this one first (one
+        # governor does it; the others go on).
+        await migrate(self.broker)
         fetch_deadline = s.total_timeout + s.rpc_timeout + 5.0
         limits = Limits.load(
             rate=s.rate,
@@ -340,7 +359,7 @@ class Governor(Service):
             found = queue.declaration_result
         finally:
             await channel.close()
-        if not known and not message.redelivered and not found.message_count and not found.consumer_count:
+        if not known and not message.crashes and not found.message_count and not found.consumer_count:
             # A queue that did not exist: no governor can have released from it yet.
             self.core.created(domain)
         await self.broker.publish("", topology.domains, DomainRecord(domain=domain))
@@ -359,7 +378,7 @@ class Governor(Service):
         state = self.domains[domain] = DomainState()
         self.core.queue(domain)
         log.debug("governing domain %s", domain)
-        await self._consume_domain(domain, state)
+        await self._resume(domain, state)  # on failure, tried again until it runs
 
     async def _consume_domain(self, domain: str, state: DomainState) -> None:
         async def on_task(task: Task, message: Delivery) -> None:
@@ -374,7 +393,10 @@ class Governor(Service):
             on_task,
             stage="governor",
             channel=channel,
+            max_crashes=DOMAIN_MAX_CRASHES,
+            declare=not state.declared,
         )
+        state.declared = True
 
     async def _resume(self, domain: str, state: DomainState) -> None:
         if self.stopping.is_set() or state.consumer is not None:
@@ -462,7 +484,7 @@ class Governor(Service):
         served = False  # our turn came at the capacity gate
         while True:
             if self.stopping.is_set():
-                raise Requeue()
+                raise Requeue("stopping", backoff=False)
             if self._stale(task):  # rescued meanwhile: the new copy is in the queue
                 log.info("dropping stale copy %d of rescued task %s", task.incarnation, task.id)
                 return
@@ -491,13 +513,13 @@ class Governor(Service):
                     served = True
                     continue
                 self._pause(domain, SHORT_PAUSE)
-                raise Requeue()
+                raise Requeue("fetchers busy", backoff=False)
             wait = verdict.until - time.time()
             if wait > remaining:
                 soft = verdict.why.endswith("in flight")
                 robots = verdict.why.startswith(("fetching robots", "robots"))
                 self._pause(domain, SHORT_PAUSE if soft else wait, on_robots=robots)
-                raise Requeue()
+                raise Requeue(verdict.why, backoff=False)
             state.changed.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(state.changed.wait(), max(wait, 0.0))

@@ -71,7 +71,7 @@ class Storer(Service):
             topology.events_storer, AnyEvent, self._on_event, stage="store", prefetch=prefetch
         )
         await self.broker.consume(
-            topology.ledger, DeadLetter, self._on_dead, stage="store", prefetch=32
+            topology.ledger, DeadLetter, self._on_dead, stage="store", prefetch=32, dead_letter=False
         )
         self._reconciler = asyncio.create_task(self._reconcile_every(s.reconcile_interval))
 

@@ -179,7 +179,7 @@ def test_a_253_byte_host_under_a_200_character_namespace_gives_names_within_255_
 
 
 def test_a_short_domain_keeps_its_readable_queue_name() -> None:
-    assert Topology("acme").domain_queue("example.com").name == "acme.v2.frontier.d.example.com"
+    assert Topology("acme").domain_queue("example.com").name == "acme.v3.frontier.d.example.com"
 
 
 def test_the_longest_namespace_settings_allow_keeps_every_exchange_within_amqps_127() -> None:

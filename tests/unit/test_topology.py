@@ -30,9 +30,9 @@ def tier_queues(topology: Topology) -> list[QueueSpec]:
 def test_every_exchange_and_queue_name_carries_the_namespace_and_the_version(classic: Topology) -> None:
     names = [e.name for e in classic.exchanges] + [q.name for q in classic.queues]
     names.append(classic.domain_queue("example.com").name)
-    assert VERSION == "v2"
+    assert VERSION == "v3"
     for name in names:
-        assert name.startswith("acme.v2."), name
+        assert name.startswith("acme.v3."), name
 
 
 def test_two_namespaces_share_no_name() -> None:
@@ -43,18 +43,18 @@ def test_two_namespaces_share_no_name() -> None:
 
 
 def test_the_fixed_names_are_the_documented_ones(classic: Topology) -> None:
-    assert classic.frontier == "acme.v2.frontier"
-    assert classic.unrouted == "acme.v2.frontier.unrouted"
-    assert classic.fetch_ready == "acme.v2.fetch.ready"
-    assert classic.parse == "acme.v2.parse"
-    assert classic.store == "acme.v2.store"
-    assert classic.dlq == "acme.v2.dlq"
-    assert classic.ledger == "acme.v2.dead.ledger"
-    assert classic.rpc_proxy == "acme.v2.rpc.proxy"
+    assert classic.frontier == "acme.v3.frontier"
+    assert classic.unrouted == "acme.v3.frontier.unrouted"
+    assert classic.fetch_ready == "acme.v3.fetch.ready"
+    assert classic.parse == "acme.v3.parse"
+    assert classic.store == "acme.v3.store"
+    assert classic.dlq == "acme.v3.dlq"
+    assert classic.ledger == "acme.v3.dead.ledger"
+    assert classic.rpc_proxy == "acme.v3.rpc.proxy"
 
 
 def test_a_domain_queue_is_named_after_its_domain_under_the_frontier(classic: Topology) -> None:
-    assert classic.domain_queue("127.0.0.1:8001").name == "acme.v2.frontier.d.127.0.0.1:8001"
+    assert classic.domain_queue("127.0.0.1:8001").name == "acme.v3.frontier.d.127.0.0.1:8001"
 
 
 def test_queue_names_are_unique(quorum: Topology) -> None:
@@ -66,7 +66,7 @@ def test_all_queue_names_adds_one_queue_per_domain(classic: Topology) -> None:
     static = classic.all_queue_names()
     with_domains = classic.all_queue_names(["a.example", "b.example"])
     assert with_domains[: len(static)] == static
-    assert with_domains[len(static) :] == ["acme.v2.frontier.d.a.example", "acme.v2.frontier.d.b.example"]
+    assert with_domains[len(static) :] == ["acme.v3.frontier.d.a.example", "acme.v3.frontier.d.b.example"]
 
 
 def test_queue_looks_a_queue_up_by_name(classic: Topology) -> None:
@@ -103,8 +103,8 @@ def test_tier_label_uses_the_largest_unit_that_divides_the_delay(delay: float, l
 
 
 def test_tier_exchange_names_carry_the_label(classic: Topology) -> None:
-    assert classic.tier_exchange(30) == "acme.v2.retry.30s"
-    assert classic.tier_exchange(3600) == "acme.v2.retry.1h"
+    assert classic.tier_exchange(30) == "acme.v3.retry.30s"
+    assert classic.tier_exchange(3600) == "acme.v3.retry.1h"
 
 
 def test_retry_delays_are_sorted_and_deduplicated() -> None:
@@ -151,9 +151,10 @@ def test_tier_queues_dead_letter_into_the_frontier_without_a_routing_key(queue_t
         assert "x-dead-letter-routing-key" not in q.arguments
 
 
-def test_no_queue_anywhere_overrides_the_dead_letter_routing_key(quorum: Topology) -> None:
+def test_no_queue_but_the_ledger_overrides_the_dead_letter_routing_key(quorum: Topology) -> None:
     for q in quorum.queues:
-        assert "x-dead-letter-routing-key" not in q.arguments, q.name
+        if q.name != quorum.ledger:
+            assert "x-dead-letter-routing-key" not in q.arguments, q.name
 
 
 def test_quorum_tier_queues_dead_letter_at_least_once_and_reject_publish_on_overflow(
@@ -175,7 +176,15 @@ def test_no_queue_other_than_a_tier_has_a_ttl(quorum: Topology) -> None:
     for q in quorum.queues:
         if q.name not in tiers:
             assert "x-message-ttl" not in q.arguments, q.name
+            assert q.arguments.get("x-dead-letter-exchange") != quorum.frontier, q.name
+
+
+def test_classic_queues_other_than_tiers_have_no_dead_letter_target(classic: Topology) -> None:
+    tiers = {q.name for q in tier_queues(classic)}
+    for q in classic.queues:
+        if q.name not in tiers:
             assert "x-dead-letter-exchange" not in q.arguments, q.name
+    assert "x-dead-letter-exchange" not in classic.domain_queue("a.example").arguments
 
 
 # -- queue types and delivery limits -------------------------------------------------------------
@@ -195,21 +204,63 @@ def test_quorum_queues_declare_their_type(quorum: Topology) -> None:
     assert quorum.domain_queue("a.example").arguments["x-queue-type"] == "quorum"
 
 
-def test_quorum_work_queues_have_a_delivery_limit(quorum: Topology) -> None:
-    for name in (quorum.fetch_ready, quorum.parse, quorum.store):
-        limit = quorum.queue(name).arguments["x-delivery-limit"]
-        assert isinstance(limit, int)
-        assert limit > 0
+def consumed(topology: Topology) -> list[QueueSpec]:
+    """Every queue a consumer acks, and so may return a message to."""
+    names = (
+        topology.unrouted, topology.fetch_ready, topology.parse, topology.store, topology.ledger,
+        topology.events_storer, topology.events_proxy, topology.rpc_proxy,
+    )  # fmt: skip
+    return [topology.queue(name) for name in names] + [topology.domain_queue("example.com")]
 
 
-def test_quorum_domain_queues_have_no_delivery_limit(quorum: Topology) -> None:
-    assert "x-delivery-limit" not in quorum.domain_queue("example.com").arguments
+def test_every_quorum_queue_a_consumer_can_return_to_has_an_explicit_delivery_limit(quorum: Topology) -> None:
+    for q in consumed(quorum):
+        limit = q.arguments["x-delivery-limit"]
+        assert isinstance(limit, int) and limit >= 1000, q.name
 
 
-def test_quorum_tier_unrouted_dlq_and_rpc_queues_have_no_delivery_limit(quorum: Topology) -> None:
-    names = [q.name for q in tier_queues(quorum)] + [quorum.unrouted, quorum.dlq, quorum.rpc_proxy]
-    for name in names:
+def test_past_its_delivery_limit_a_quorum_queue_dead_letters_to_the_dead_exchange(quorum: Topology) -> None:
+    for q in consumed(quorum):
+        if q.name in (quorum.ledger, quorum.events_proxy):
+            continue
+        assert q.arguments["x-dead-letter-exchange"] == quorum.dead, q.name
+
+
+def test_the_ledger_dead_letters_to_the_dlq_alone_so_it_never_feeds_itself(quorum: Topology) -> None:
+    args = quorum.queue(quorum.ledger).arguments
+    assert args["x-dead-letter-exchange"] == ""  # the default exchange routes by queue name
+    assert args["x-dead-letter-routing-key"] == quorum.dlq
+
+
+def test_the_capped_proxy_events_queue_has_no_dead_letter_target(quorum: Topology) -> None:
+    # Its overflow drops the oldest reports; with a target each would become a dead letter.
+    assert "x-dead-letter-exchange" not in quorum.queue(quorum.events_proxy).arguments
+
+
+def test_quorum_domain_queues_have_a_higher_limit_than_work_queues(quorum: Topology) -> None:
+    # A governor that stops holding a domain's task returns it: those returns must not kill it.
+    domain = quorum.domain_queue("example.com").arguments["x-delivery-limit"]
+    assert domain > quorum.queue(quorum.fetch_ready).arguments["x-delivery-limit"]
+
+
+def test_quorum_tier_and_dlq_queues_have_no_delivery_limit(quorum: Topology) -> None:
+    for name in [q.name for q in tier_queues(quorum)] + [quorum.dlq]:
         assert "x-delivery-limit" not in quorum.queue(name).arguments, name
+
+
+@pytest.mark.parametrize("queue_type", ["classic", "quorum"])
+def test_the_dlq_is_bounded_dropping_its_oldest(queue_type: str) -> None:
+    topology = Topology("acme", queue_type, DELAYS, dlq_max_length=1234)  # type: ignore[arg-type]
+    args = topology.queue(topology.dlq).arguments
+    assert args["x-max-length"] == 1234
+    assert args["x-overflow"] == "drop-head"
+    assert "x-dead-letter-exchange" not in args
+
+
+def test_an_old_version_names_its_queues_under_its_own_version() -> None:
+    old = Topology("acme", version="v2")
+    assert old.fetch_ready == "acme.v2.fetch.ready"
+    assert old.domain_queue("a.example").name.startswith("acme.v2.frontier.d.")
 
 
 def test_classic_queues_never_have_a_delivery_limit(classic: Topology) -> None:
@@ -301,11 +352,13 @@ def test_every_binding_names_an_exchange_of_the_topology(quorum: Topology) -> No
             assert exchange in exchanges, (q.name, exchange)
 
 
-def test_every_dead_letter_exchange_is_an_exchange_of_the_topology(quorum: Topology) -> None:
-    exchanges = {e.name for e in quorum.exchanges}
-    for q in quorum.queues:
+def test_every_dead_letter_exchange_is_an_exchange_of_the_topology_or_the_default_one(quorum: Topology) -> None:
+    exchanges = {e.name for e in quorum.exchanges} | {""}
+    for q in [*quorum.queues, quorum.domain_queue("example.com")]:
         if "x-dead-letter-exchange" in q.arguments:
             assert q.arguments["x-dead-letter-exchange"] in exchanges
+            if q.arguments["x-dead-letter-exchange"] == "":
+                assert q.arguments["x-dead-letter-routing-key"] in quorum.all_queue_names(), q.name
 
 
 def test_classic_queues_use_version_2_of_the_classic_queue_and_quorum_queues_do_not(

@@ -1,0 +1,150 @@
+"""A topology version bump strands nothing: what waits in the old version's queues moves."""
+
+from __future__ import annotations
+
+import time
+
+import aiormq
+import pytest
+
+from hutch.amqp import Broker, declare_queue
+from hutch.domains import routing_key
+from hutch.migrate import migrate
+from hutch.models import DeadLetter, DomainRecord, Page, Task, decode, task_id
+from hutch.settings import Settings
+from hutch.topology import Topology
+
+from .test_amqp import depth, get_one
+
+pytestmark = pytest.mark.timeout(90)
+
+
+def make_task(path: str, domain: str = "127.0.0.1:9") -> Task:
+    url = f"http://{domain}/{path}"
+    return Task(id=task_id("job", url), job="job", url=url, domain=domain)
+
+
+async def fill_old_version(settings: Settings) -> tuple[Topology, dict[str, Task], Page]:
+    """A broker as a v2 Hutch left it: a domain queue, a tier, unrouted, parse, the dead letters."""
+    old_broker = await Broker(settings, "old-hutch").connect(declare=False)
+    old = Topology(settings.namespace, settings.queue_type, settings.retry_delays, version="v2")
+    old_broker.topology = old
+    try:
+        await old_broker.declare_topology()
+        channel = await old_broker.channel()
+        await declare_queue(channel, old.domain_queue("127.0.0.1:9"))
+        await old_broker.publish("", old.domains, DomainRecord(domain="127.0.0.1:9"))
+        tasks = {
+            "waiting": make_task("waiting"),
+            "in-a-tier": make_task("in-a-tier"),
+            "unrouted": make_task("unrouted", domain="127.0.0.1:10"),
+        }
+        await old_broker.publish(old.frontier, routing_key("127.0.0.1:9"), tasks["waiting"])
+        await old_broker.publish(
+            old.tier_exchange(max(old.retry_delays)), routing_key("127.0.0.1:9"), tasks["in-a-tier"]
+        )
+        await old_broker.publish(old.frontier, routing_key("127.0.0.1:10"), tasks["unrouted"])
+        page = Page(task=tasks["waiting"], status=200, final_url="u", text="<p>old</p>", fetched_at=time.time())
+        await old_broker.publish(old.work, "parse", page, headers={"x-hutch-failures": 1})
+        await old_broker.publish_dead("parse", "parse", "bad selector", page=page)
+        assert await depth(old_broker, old.domain_queue("127.0.0.1:9").name) >= 1
+        assert await depth(old_broker, old.dlq) == 1
+        return old, tasks, page
+    finally:
+        await old_broker.close()
+
+
+async def exists(broker: Broker, queue: str) -> bool:
+    channel = await broker.channel()
+    underlay = await channel.get_underlay_channel()
+    try:
+        await underlay.queue_declare(queue, passive=True)
+        return True
+    except aiormq.exceptions.ChannelNotFoundEntity:
+        return False
+    finally:
+        await channel.close()
+
+
+async def test_messages_in_the_previous_versions_queues_move_into_this_version_and_the_old_queues_go(
+    settings: Settings,
+) -> None:
+    old, tasks, page = await fill_old_version(settings)
+    broker = await Broker(settings, "test").connect()
+    try:
+        assert broker.topology.version != old.version
+        moved = await migrate(broker)
+        assert moved == 3 + 1 + 2  # the tasks, the page, the dead letter in the dlq and the ledger
+        new = broker.topology
+        # No v3 domain queue exists yet: the tasks fall through to unrouted, each under its key.
+        arrived = {}
+        for _ in range(3):
+            message = await get_one(broker, new.unrouted)
+            task = decode(message.body, Task)
+            arrived[task.url] = message.routing_key
+        assert arrived == {t.url: routing_key(t.domain) for t in tasks.values()}
+        message = await get_one(broker, new.parse)
+        assert decode(message.body, Page) == page
+        assert message.headers["x-hutch-failures"] == 1  # counts travel with the message
+        for queue in (new.dlq, new.ledger):
+            letter = decode((await get_one(broker, queue)).body, DeadLetter)
+            assert letter.reason == "parse" and letter.page == page
+        for name in (*old.all_queue_names(["127.0.0.1:9"]), old.domains):
+            assert not await exists(broker, name), name
+        assert await migrate(broker) == 0  # nothing left: a second start moves nothing
+    finally:
+        await broker.close()
+
+
+async def test_a_governor_starting_on_a_broker_with_old_work_releases_it_in_the_new_topology(
+    settings: Settings,
+) -> None:
+    from hutch.services.governor.app import Governor
+
+    _, tasks, _ = await fill_old_version(settings)
+    governor = Governor(settings.model_copy(update={"respect_robots": False}))
+    await governor.connect()
+    await governor.start()
+    broker = await Broker(settings, "test").connect()
+    try:
+        released = set()
+        for _ in range(3):
+            released.add(decode((await get_one(broker, broker.topology.fetch_ready, timeout=30)).body, Task).url)
+        assert released == {t.url for t in tasks.values()}
+    finally:
+        await broker.close()
+        governor.stopping.set()
+        await governor.shutdown()
+
+
+async def test_the_quorum_topology_with_its_limits_and_dead_letter_targets_is_accepted_by_the_broker(
+    settings: Settings,
+) -> None:
+    quorum = settings.model_copy(update={"queue_type": "quorum"})
+    broker = await Broker(quorum, "test-quorum").connect()  # declares every exchange and queue
+    try:
+        channel = await broker.channel()
+        await declare_queue(channel, broker.topology.domain_queue("127.0.0.1:9"))
+        await broker.declare_topology()  # the same arguments again: no PRECONDITION_FAILED
+        await broker.publish_dead("parse", "parse", "x", page=None)
+        assert await depth(broker, broker.topology.dlq) == 1
+    finally:
+        await broker.close()
+
+
+async def test_while_one_process_migrates_another_moves_nothing_and_deletes_nothing(settings: Settings) -> None:
+    from hutch.migrate import _lock, _unlock
+
+    old, _, _ = await fill_old_version(settings)
+    first = await Broker(settings, "first").connect()
+    second = await Broker(settings, "second").connect()
+    try:
+        lock = await _lock(first)
+        assert lock is not None
+        assert await migrate(second) == 0
+        assert await exists(second, old.parse) and await exists(second, old.domain_queue("127.0.0.1:9").name)
+        await _unlock(first, lock)
+        assert await migrate(second) == 6
+    finally:
+        await first.close()
+        await second.close()
