@@ -30,7 +30,8 @@ from hutch.settings import Settings
 from hutch.store import JobCounts, sqlite_path
 
 from ..brokers import BrokerNode, available
-from ..e2e.conftest import Services, extra_env, services, submit_urls  # noqa: F401 (fixtures)
+from ..e2e import conftest as e2e
+from ..e2e.conftest import Services, submit_urls
 
 HERE = Path(__file__).parent
 SPEC = Spec(
@@ -41,6 +42,10 @@ SPEC = Spec(
     }
 )
 PAGE = re.compile(r"^/page/(\d+)$")
+
+# The five services of the end-to-end tests, on this package's `amqp_url` and `sandbox`.
+services = e2e.services
+extra_env = e2e.extra_env
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -84,9 +89,9 @@ async def submit_job(settings: Settings, job: str, urls: list[str]) -> None:
     await submit_urls(settings, job, urls, SPEC)
 
 
-async def wait_for_progress(services: Services, job: str, stored: int, timeout: float = 60) -> JobCounts:
+async def wait_for_progress(running: Services, job: str, stored: int, timeout: float = 60) -> JobCounts:
     """Wait until `stored` tasks of `job` are stored: the job is really under way."""
-    return await services.wait_for(job, lambda c: c.stored >= stored, timeout)
+    return await running.wait_for(job, lambda c: c.stored >= stored, timeout)
 
 
 def check_job(settings: Settings, sandbox: Sandbox, job: str, urls: list[str]) -> JobCounts:
@@ -98,7 +103,8 @@ def check_job(settings: Settings, sandbox: Sandbox, job: str, urls: list[str]) -
     """
     db = sqlite3.connect(f"file:{sqlite_path(settings.store_location)}?mode=ro", uri=True)
     try:
-        tasks = {row[0]: (row[1], row[2]) for row in db.execute("SELECT id, url, state FROM tasks WHERE job = ?", (job,))}
+        rows = db.execute("SELECT id, url, state FROM tasks WHERE job = ?", (job,))
+        tasks = {task_id: (url, state) for task_id, url, state in rows}
         items = db.execute("SELECT task_id, url, fields FROM items WHERE job = ?", (job,)).fetchall()
     finally:
         db.close()

@@ -31,4 +31,4 @@ async def test_a_job_survives_rabbitmq_restarting_mid_job_without_losing_or_dupl
     counts = check_job(settings, sandbox, "restart", urls)
     assert counts.stored > len(urls) * 0.9, counts
     # The services reconnected on their own: none had to be started again.
-    assert {c.label: c.restarts for c in services.supervisor.children if c.restarts}  == {}
+    assert {c.label: c.restarts for c in services.supervisor.children if c.restarts} == {}
