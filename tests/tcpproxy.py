@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
+import struct
 
 
 class TcpProxy:
@@ -50,7 +52,7 @@ class TcpProxy:
             self._server.close()
             self._server = None
         for writer in list(self._writers):
-            writer.transport.abort()
+            _reset(writer)
         self._writers.clear()
         for pipe in list(self._pipes):
             pipe.cancel()
@@ -73,12 +75,12 @@ class TcpProxy:
 
     async def _accept(self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
         if self._server is None:  # cut between the accept and this callback
-            client_writer.transport.abort()
+            _reset(client_writer)
             return
         try:
             server_reader, server_writer = await asyncio.wait_for(asyncio.open_connection(*self.target), 5)
         except (OSError, TimeoutError):
-            client_writer.transport.abort()  # the target is down: the client sees a reset
+            _reset(client_writer)  # the target is down: the client sees a reset
             return
         self.connections += 1
         self._writers.update((client_writer, server_writer))
@@ -93,7 +95,7 @@ class TcpProxy:
             self._pipes.difference_update(pipes)
             for writer in (client_writer, server_writer):
                 self._writers.discard(writer)
-                writer.transport.abort()
+                _reset(writer)
 
     @staticmethod
     async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -102,4 +104,13 @@ class TcpProxy:
             while data := await reader.read(65536):
                 writer.write(data)
                 await writer.drain()
-        writer.transport.abort()
+        _reset(writer)
+
+
+def _reset(writer: asyncio.StreamWriter) -> None:
+    """Close with a TCP RST (linger 0), as a dropped connection looks, instead of a FIN."""
+    sock = writer.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    writer.transport.abort()
