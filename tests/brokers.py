@@ -241,11 +241,18 @@ class BrokerNode:
         return len(frame) == 7 and frame[0] == 1  # a method frame: connection.start
 
     def beam_pid(self) -> int | None:
-        """The Erlang VM's pid (the `rabbitmq-server` script is its parent, not the VM)."""
+        """The Erlang VM's pid (the `rabbitmq-server` script is its parent, not the VM).
+
+        Only a live process that carries this node's name in its environment: a pid file left
+        by a VM that died must never lead to signalling whatever process got its pid since.
+        """
         try:
-            return int(self.pid_file.read_text().strip())
+            pid = int(self.pid_file.read_text().strip())
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
         except (OSError, ValueError):
             return None
+        mine = f"RABBITMQ_NODENAME={self.nodename}".encode()
+        return pid if mine in environ and _alive(pid) else None
 
     def stop(self, timeout: float = 30.0) -> None:
         """Stop gracefully: SIGTERM makes the VM stop RabbitMQ in order (as `rabbitmqctl stop`)."""
@@ -265,9 +272,7 @@ class BrokerNode:
         if pid is not None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-        if self.process is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.process.pid, signal.SIGKILL)
+        self._kill_script()
         self._wait_exit(15.0)
 
     def _wait_exit(self, timeout: float) -> None:
@@ -276,8 +281,7 @@ class BrokerNode:
         try:
             self.process.wait(timeout)
         except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.process.pid, signal.SIGKILL)
+            self._kill_script()
             self.process.wait(10)
         # The script exits when the VM does; make sure the VM is really gone (the port freed).
         pid = self.beam_pid()
@@ -285,6 +289,13 @@ class BrokerNode:
         while pid is not None and _alive(pid) and time.monotonic() < deadline:
             time.sleep(0.05)
         self.process = None
+
+    def _kill_script(self) -> None:
+        # Its process group is ours while the script is not reaped (poll() is None): the
+        # script, and the VM unless it left the group.
+        if self.process is not None and self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL)
 
     def restart(self, timeout: float = 60.0) -> None:
         """Stop gracefully and start again on the same port with the same data."""
