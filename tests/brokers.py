@@ -55,6 +55,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 SBIN = Path("/usr/lib/rabbitmq/bin")
 USER = "rabbitmq"
@@ -191,7 +192,7 @@ class BrokerNode:
             "ERL_FLAGS": "-kernel inet_dist_use_interface {127,0,0,1}",
         }
 
-    def _run_as(self) -> dict[str, int]:
+    def _run_as(self) -> dict[str, Any]:
         owner = _owner()
         return {} if owner is None else {"user": owner[0], "group": owner[1], "extra_groups": []}
 
@@ -215,7 +216,7 @@ class BrokerNode:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # Ctrl-C on pytest must not reach the node first
-                **self._run_as(),  # type: ignore[arg-type]
+                **self._run_as(),
             )
         self.wait_ready(timeout)
 
@@ -318,7 +319,7 @@ class BrokerNode:
 
     def ctl(self, *args: str, tool: str = "rabbitmqctl", timeout: float = 60.0) -> str:
         """Run a RabbitMQ CLI tool against this node (`-n` always) and return its output."""
-        done = subprocess.run(
+        done: subprocess.CompletedProcess[str] = subprocess.run(
             [str(SBIN / tool), "-q", "-n", self.nodename, *args],
             cwd=self.folder,
             env=self._env(),
@@ -326,7 +327,7 @@ class BrokerNode:
             text=True,
             timeout=timeout,
             check=False,
-            **self._run_as(),  # type: ignore[arg-type]
+            **self._run_as(),
         )
         if done.returncode != 0:
             raise NodeError(f"{tool} {' '.join(args)} failed ({done.returncode}): {done.stderr.strip()[-2000:]}")

@@ -17,8 +17,9 @@ from hutch.sandbox import Sandbox
 from hutch.settings import Settings
 
 from ..brokers import BrokerNode
+from ..e2e.conftest import Services
 from ..tcpproxy import TcpProxy
-from .conftest import Services, check_job, submit_job, wait_for_progress
+from .conftest import check_job, submit_job, wait_for_progress
 
 pytestmark = [pytest.mark.chaos, pytest.mark.e2e, pytest.mark.timeout(150)]
 

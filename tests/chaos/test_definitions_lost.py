@@ -22,7 +22,8 @@ from hutch.sandbox import Sandbox
 from hutch.settings import Settings
 
 from ..brokers import BrokerNode
-from .conftest import Services, check_job, in_thread, submit_job, wait_for_progress
+from ..e2e.conftest import Services
+from .conftest import check_job, in_thread, submit_job, wait_for_progress
 
 pytestmark = [pytest.mark.chaos, pytest.mark.e2e, pytest.mark.timeout(150)]
 

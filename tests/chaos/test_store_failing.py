@@ -29,7 +29,8 @@ from hutch.sandbox import Sandbox
 from hutch.settings import Settings
 from hutch.store import sqlite_path
 
-from .conftest import Services, check_job, submit_job, wait_for_progress
+from ..e2e.conftest import Services
+from .conftest import check_job, submit_job, wait_for_progress
 
 pytestmark = [
     pytest.mark.chaos,
@@ -66,7 +67,7 @@ def stored_count(settings: Settings, job: str) -> int:
 def dead_letters(settings: Settings) -> list[tuple[str | None, str, str]]:
     db = sqlite3.connect(f"file:{sqlite_path(settings.store_location)}?mode=ro", uri=True)
     try:
-        return [tuple(row) for row in db.execute("SELECT url, stage, reason FROM dead")]  # type: ignore[misc]
+        return [tuple(row) for row in db.execute("SELECT url, stage, reason FROM dead")]
     finally:
         db.close()
 
