@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test unit integration e2e lint broker bench bench-governor bench-proxy bench-submit clean help
+.PHONY: demo test unit integration e2e chaos lint broker bench bench-governor bench-proxy bench-submit clean help
 
 help:
 	@echo "make demo   - set up, make sure RabbitMQ is reachable, run the sample job against the sandbox"
@@ -37,6 +37,10 @@ integration: broker
 
 e2e: broker
 	$(PY) -m pytest -q tests/e2e
+
+# Part of `make test`; on a RabbitMQ node of their own (tests/brokers.py), not the shared broker.
+chaos: $(STAMP)
+	$(PY) -m pytest -q tests/chaos
 
 # mypy cannot follow the editable install's folder mapping (shared/ is the package `hutch`),
 # so it checks the package through a link named after it.

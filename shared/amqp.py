@@ -367,6 +367,7 @@ class Broker:
         self.topology = topology_for(settings)
         self.connection: AbstractRobustConnection | None = None
         self._publish_channel: AbstractChannel | None = None
+        self._topology_channel: AbstractChannel | None = None
         self._app_id = f"hutch-{name}"
         self._consumers: list[Consumer] = []
         self._in_flight = 0
@@ -397,18 +398,21 @@ class Broker:
         )
         if declare:
             await self.declare_topology()
-            # A broker that lost its definitions gets the whole topology again on reconnect.
-            self.connection.reconnect_callbacks.add(self._redeclare)
         return self
 
-    async def _redeclare(self, *_: Any) -> None:
-        try:
-            await self.declare_topology()
-        except Exception as exc:
-            log.warning("redeclaring the topology after reconnect failed: %s", exc)
-
     async def declare_topology(self) -> None:
-        """Declare every static exchange, queue and binding; safe to repeat."""
+        """Declare every static exchange, queue and binding; safe to repeat.
+
+        The first declaration stays on a channel kept open, so that a broker that lost its
+        definitions gets the whole topology back on reconnect: aio-pika restores that channel's
+        exchanges, queues and bindings with the others, and retries a consumer's channel whose
+        binding names an exchange not yet restored. (A reconnect callback would come too late:
+        aio-pika runs those only after every channel was restored, and with the exchanges gone
+        none can be, so the connection retried forever: tests/chaos/test_definitions_lost.py.)
+        Later declarations use a channel of their own, closed after, so that the kept channel
+        does not gather a copy of every queue per call, all redeclared at each reconnect.
+        """
+        keep = self._topology_channel is None
         channel = await self.channel()
         for exchange in self.topology.exchanges:
             await channel.declare_exchange(
@@ -416,7 +420,10 @@ class Broker:
             )
         for spec in self.topology.queues:
             await declare_queue(channel, spec)
-        await channel.close()
+        if keep:
+            self._topology_channel = channel
+        else:
+            await channel.close()
 
     async def channel(self, prefetch: int = 0) -> AbstractChannel:
         assert self.connection is not None, "connect() first"
@@ -452,6 +459,7 @@ class Broker:
             with contextlib.suppress(Exception):
                 await self.connection.close()
             self.connection = None
+            self._topology_channel = None
 
     # -- publishing ------------------------------------------------------------------
 

@@ -218,6 +218,8 @@ class Governor(Service):
             arguments={"x-stream-offset": "first"},
         )
         await self.broker.consume(topology.unrouted, Task, self._on_unrouted, stage="governor", prefetch=64)
+        assert self.broker.connection is not None
+        self.broker.connection.reconnect_callbacks.add(self._register_again)
         log.info("governor %s: robots.txt %s", self.id, "respected" if robots else "ignored")
 
     async def shutdown(self) -> None:
@@ -241,6 +243,23 @@ class Governor(Service):
                 state.resume.cancel()
         for publisher in self.publishers[1:]:
             await publisher.close()
+
+    async def _register_again(self, *_: object) -> None:
+        """Record every domain this governor watches in the registry again, after a reconnect.
+
+        A broker that came back without its definitions has an empty registry, while the
+        domain queues come back with this governor's channels, bound, so their tasks never
+        fall through `unrouted` to be recorded: a governor started later would never consume
+        them (tests/chaos/test_definitions_lost.py). A record of a known domain changes nothing.
+        """
+        topology = self.broker.topology
+        records = [DomainRecord(domain=domain) for domain in self.domains]
+        results = await asyncio.gather(
+            *(self.broker.publish("", topology.domains, record) for record in records), return_exceptions=True
+        )
+        failed = [r for r in results if isinstance(r, BaseException)]
+        if failed:
+            log.warning("%d of %d domains not recorded again: %s", len(failed), len(records), failed[0])
 
     def _spawn(self, coroutine: object) -> None:
         task = asyncio.get_running_loop().create_task(coroutine)  # type: ignore[arg-type]
