@@ -36,7 +36,6 @@ pytestmark = [
     pytest.mark.chaos,
     pytest.mark.e2e,
     pytest.mark.timeout(150),
-    pytest.mark.xfail(reason="needs storer storage-error handling (h-store)", strict=False),
 ]
 
 FAILING_SECONDS = 8.0
