@@ -155,3 +155,15 @@ async def test_an_https_page_is_stored_directly_and_through_a_proxy_tunnel(
     else:
         assert not tunnels
         assert fetched and all(r.client == "127.0.0.1" for r in fetched)
+
+
+async def test_a_trickle_that_never_ends_is_cut_at_the_deadline_and_ends_dead_as_timeout(
+    settings: Settings, sandbox: Sandbox, services: Services
+) -> None:
+    # Headers, then one byte a second for ever: no read timeout ever fires, only the total deadline.
+    ended = await run_one(settings, services, "trickle", sandbox.sites["hostile"].base_url + "/trickle")
+    assert ended["state"] == "dead"
+    assert ended["dead"]["reason"] == "timeout"
+    timed_out = [a for a in ended["attempts"] if a["outcome"] == "timeout"]
+    assert len(timed_out) == settings.max_attempts
+    assert all(a["elapsed"] < settings.total_timeout + 2 for a in timed_out), timed_out
