@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test unit integration e2e chaos lint broker bench bench-governor bench-proxy bench-submit clean help
+.PHONY: demo test unit integration e2e chaos lint broker bench bench-governor bench-proxy bench-submit bench-store bench-parse clean help
 
 help:
 	@echo "make demo   - set up, make sure RabbitMQ is reachable, run the sample job against the sandbox"
@@ -50,7 +50,7 @@ lint: $(STAMP)
 	cd build/typecheck && ../../$(VENV)/bin/mypy -p hutch --config-file ../../pyproject.toml
 
 # Benchmarks print their figures; docs/benchmarks.md records them with their configs.
-bench: bench-governor bench-proxy bench-submit
+bench: bench-governor bench-proxy bench-submit bench-store bench-parse
 
 bench-governor: broker
 	$(PY) bench/governor_sites.py
@@ -62,6 +62,12 @@ bench-proxy: broker
 
 bench-submit: broker
 	$(PY) bench/submit_bench.py
+
+bench-store: broker
+	$(PY) bench/store_commit.py
+
+bench-parse: $(STAMP)
+	$(PY) bench/parse_workers.py
 
 clean:
 	rm -rf $(VENV) hutch-data .pytest_cache .mypy_cache .ruff_cache

@@ -117,21 +117,6 @@ async def test_a_governor_starting_on_a_broker_with_old_work_releases_it_in_the_
         await governor.shutdown()
 
 
-async def test_the_quorum_topology_with_its_limits_and_dead_letter_targets_is_accepted_by_the_broker(
-    settings: Settings,
-) -> None:
-    quorum = settings.model_copy(update={"queue_type": "quorum"})
-    broker = await Broker(quorum, "test-quorum").connect()  # declares every exchange and queue
-    try:
-        channel = await broker.channel()
-        await declare_queue(channel, broker.topology.domain_queue("127.0.0.1:9"))
-        await broker.declare_topology()  # the same arguments again: no PRECONDITION_FAILED
-        await broker.publish_dead("parse", "parse", "x", page=None)
-        assert await depth(broker, broker.topology.dlq) == 1
-    finally:
-        await broker.close()
-
-
 async def test_while_one_process_migrates_another_moves_nothing_and_deletes_nothing(settings: Settings) -> None:
     from hutch.migrate import _lock, _unlock
 
