@@ -1,7 +1,7 @@
-"""Test fixtures: a real RabbitMQ, isolated per session (a vhost) and per test (a namespace).
+"""Test fixtures: a real RabbitMQ, isolated per test module (a vhost) and per test (a namespace).
 
 The broker is found through `HUTCH_AMQP_URL` (default the local one). When `rabbitmqctl`
-can reach it, the session gets its own vhost, removed at the end, so nothing is left on a
+can reach it, each test module gets its own vhost, removed after it, so nothing is left on a
 broker that outlives the test run; otherwise the namespace alone isolates tests and each
 test deletes the queues of its namespace. With no broker reachable, a Docker engine lets
 testcontainers start one. Failing all that, broker tests are skipped locally and fail in CI.
@@ -10,7 +10,6 @@ testcontainers start one. Failing all that, broker tests are skipped locally and
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import re
 import shutil
@@ -24,7 +23,6 @@ from urllib.parse import quote, urlsplit, urlunsplit
 import pytest
 
 from hutch.admin import delete_namespace
-from hutch.amqp import Broker, BrokerUnreachable
 from hutch.settings import Settings
 
 DEFAULT_URL = "amqp://guest:guest@127.0.0.1:5672/"
@@ -53,7 +51,8 @@ def _with_vhost(url: str, vhost: str) -> str:
 
 
 @pytest.fixture(scope="session")
-def amqp_url(request: pytest.FixtureRequest) -> Iterator[str]:
+def broker_base() -> Iterator[tuple[str, bool]]:
+    """The broker's URL for the whole run, and whether test modules may make vhosts on it."""
     base = os.environ.get("HUTCH_AMQP_URL", DEFAULT_URL)
     container = None
     if not _reachable(base):
@@ -68,11 +67,24 @@ def amqp_url(request: pytest.FixtureRequest) -> Iterator[str]:
             if os.environ.get("CI"):
                 pytest.fail(message)
             pytest.skip(message)
-    host = urlsplit(base).hostname
+    local = urlsplit(base).hostname in ("127.0.0.1", "localhost", "::1") and container is None
+    yield base, local and shutil.which("rabbitmqctl") is not None
+    if container is not None:
+        container.stop()
+
+
+@pytest.fixture(scope="module")
+def amqp_url(request: pytest.FixtureRequest, broker_base: tuple[str, bool]) -> Iterator[str]:
+    """A vhost for each test module, removed after it.
+
+    Per module, not per run: the broker's file handle cache counts handles that idle queues
+    keep until their vhost goes, and a whole run's worth on the machine's broker (a limit of
+    about 900) left it refusing every new connection. A vhost costs about 1.3 s of rabbitmqctl.
+    """
+    base, can_make_vhosts = broker_base
     vhost = f"hutch-test-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-    local = host in ("127.0.0.1", "localhost", "::1") and container is None
     user = urlsplit(base).username or "guest"
-    if local and _rabbitmqctl("add_vhost", vhost):
+    if can_make_vhosts and _rabbitmqctl("add_vhost", vhost):
         _rabbitmqctl("set_permissions", "-p", vhost, user, ".*", ".*", ".*")
         request.config.stash[OWN_VHOST] = True
         yield _with_vhost(base, vhost)
@@ -80,8 +92,6 @@ def amqp_url(request: pytest.FixtureRequest) -> Iterator[str]:
     else:
         request.config.stash[OWN_VHOST] = False
         yield base
-    if container is not None:
-        container.stop()
 
 
 @pytest.fixture
@@ -94,7 +104,7 @@ def namespace(request: pytest.FixtureRequest) -> str:
 def settings(amqp_url: str, namespace: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Settings]:
     """Settings for one test: its own namespace and store, short delay tiers and timeouts.
 
-    Without a vhost of the session's own, the test's namespace is deleted after it.
+    Without a vhost of the module's own, the test's namespace is deleted after it.
     """
     settings = Settings(
         amqp_url=amqp_url,
@@ -115,27 +125,6 @@ def settings(amqp_url: str, namespace: str, tmp_path: Path, request: pytest.Fixt
     yield settings
     if not request.config.stash.get(OWN_VHOST, True):
         asyncio.run(delete_namespace(settings))
-    else:
-        asyncio.run(drop_registry(settings))
-
-
-async def drop_registry(settings: Settings) -> None:
-    """Delete the test's domain registry stream at once, not with the session's vhost.
-
-    A stream keeps its segment and index files open on the broker, and the shared broker has
-    about 900 descriptors: a whole run's worth of streams, kept until the vhost goes at the
-    end, wedged it. Queues left idle hold none, so they can wait for the vhost.
-    """
-    try:
-        broker = await Broker(settings, "test-cleanup").connect(declare=False, timeout=5.0)
-    except BrokerUnreachable:
-        return
-    try:
-        channel = await broker.channel()
-        with contextlib.suppress(Exception):
-            await channel.queue_delete(broker.topology.domains)
-    finally:
-        await broker.close()
 
 
 def service_env(settings: Settings, **extra: str) -> dict[str, str]:
