@@ -7,8 +7,9 @@ Two different things go wrong with a proxy, and they call for different answers:
   choke), so it counts per (proxy, domain) first: `dead_after` of them in a row on one domain
   ban the proxy for that domain (the same growing cooldown as a block). The proxy is dead for
   everyone only when `dead_after` failures in a row came from at least `dead_domains`
-  different domains (or from one, when `dead_after` is below `dead_domains`): one hostile
-  domain cannot empty the pool for every other job. A dead proxy is leased to nobody until a
+  different domains (or from one, when `dead_after` is below `dead_domains`), or from domains
+  that answered other proxies meanwhile (the site is up; this proxy is not): one hostile
+  domain, which fails every proxy alike, cannot empty the pool for every other job. A dead proxy is leased to nobody until a
   probe (a real request through it) succeeds, or, with no probe URL configured, until
   `probe_interval` has passed and one trial lease goes well.
   A proxy that resets connections looks to a fetcher like a site that does (a proxy passes
@@ -186,7 +187,7 @@ class Health:
                 state.silent_domains.append(domain)
             if state.dead_since is not None:
                 state.next_probe = now + self.config.probe_interval  # its trial lease failed too
-            elif self._failing_everywhere(state) or self._silent_alone(state):
+            elif self._failing_everywhere(state) or self._failing_alone(state) or self._silent_alone(state):
                 state.dead_since = now
                 state.next_probe = now + self.config.probe_interval
                 changes.append(Change("dead", proxy_id))
@@ -226,6 +227,13 @@ class Health:
         """Proxy failures in a row, from enough different domains that it is not one site's doing."""
         spread = min(self.config.dead_domains, self.config.dead_after)
         return state.failures >= self.config.dead_after and len(state.failure_domains) >= spread
+
+    def _failing_alone(self, state: ProxyState) -> bool:
+        """Proxy failures in a row on sites that answered other proxies meanwhile: the sites are
+        up and reachable through a proxy, so it is this proxy that fails, not one site's doing."""
+        if state.failures < self.config.dead_after:
+            return False
+        return any(self.answered.get(domain, 0.0) > state.silent_since for domain in state.failure_domains)
 
     def _silent_alone(self, state: ProxyState) -> bool:
         """No answer through this proxy for a while, though those sites answered other proxies."""

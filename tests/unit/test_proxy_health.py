@@ -180,3 +180,16 @@ def test_one_hostile_domain_cannot_empty_the_pool_for_other_domains() -> None:
     assert s.lease(LeaseRequest(task_id="x", domain="hostile")).proxy_id is None  # all banned there
     clock.advance(0.01)
     assert s.lease(LeaseRequest(task_id="y", domain="books")).proxy_id is not None
+
+
+def test_proxy_failures_on_one_domain_that_answers_other_proxies_meanwhile_mark_the_proxy_dead() -> None:
+    # The site is up (another proxy got its answer after this proxy's streak began): the
+    # failures are this proxy's own, such as a proxy that refuses every connection.
+    clock = FakeClock(1000.0)
+    h = health(dead_after=2)
+    h.report("down", "open", "proxy_failure", clock())
+    clock.advance(0.1)
+    h.report("good", "open", "ok", clock())
+    clock.advance(0.1)
+    changes = h.report("down", "open", "proxy_failure", clock())
+    assert [(c.kind, c.proxy_id) for c in changes] == [("dead", "down")]
