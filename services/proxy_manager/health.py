@@ -9,8 +9,8 @@ Two different things go wrong with a proxy, and they call for different answers:
   everyone only when `dead_after` failures in a row came from at least `dead_domains`
   different domains (or from one, when `dead_after` is below `dead_domains`), or from domains
   that answered other proxies meanwhile (the site is up; this proxy is not): one hostile
-  domain, which fails every proxy alike, cannot empty the pool for every other job. A dead proxy is leased to nobody until a
-  probe (a real request through it) succeeds, or, with no probe URL configured, until
+  domain, which fails every proxy alike, cannot empty the pool for every other job. A dead
+  proxy is leased to nobody until a probe (a real request through it) succeeds, or, with no probe URL configured, until
   `probe_interval` has passed and one trial lease goes well.
   A proxy that resets connections looks to a fetcher like a site that does (a proxy passes
   a site's reset on as a reset), so a fetcher reports `reset`. The manager sees the fleet:
