@@ -358,6 +358,23 @@ class Consumer:
                 await self._underlay.basic_cancel(self.tag)
 
 
+async def queue_depth(channel: AbstractChannel, queue: str) -> tuple[int, int] | None:
+    """(ready messages, consumers) of `queue` by a passive declare; None if it cannot be seen.
+
+    The one depth reader. A failed passive declare closes `channel`: a caller that goes on
+    reading opens another (`channel.is_closed`).
+    """
+    try:
+        # robust=False: a robust channel would otherwise keep the queue and redeclare it after
+        # a reconnect (the abstract type does not list the argument; the robust channel has it).
+        declared = await channel.declare_queue(queue, passive=True, robust=False)  # type: ignore[call-arg]
+    except Exception as exc:
+        log.debug("depth of %s unknown: %s", queue, exc)
+        return None
+    result = declared.declaration_result
+    return result.message_count or 0, result.consumer_count or 0
+
+
 class Broker:
     """One process's connection to RabbitMQ with Hutch's publish and consume rules."""
 

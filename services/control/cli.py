@@ -23,7 +23,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from hutch import telemetry
-from hutch.amqp import Broker, BrokerUnreachable, PublishFailed
+from hutch.amqp import Broker, BrokerUnreachable, PublishFailed, queue_depth
 from hutch.models import Spec
 from hutch.services import SERVICES, service_class
 from hutch.services.control import dlq
@@ -131,8 +131,10 @@ async def _services_running(broker: Broker) -> int:
     """Consumers on fetch.ready: more than zero means a set of services runs in this namespace."""
     channel = await broker.channel()
     try:
-        queue = await channel.declare_queue(broker.topology.fetch_ready, passive=True, robust=False)
-        return queue.declaration_result.consumer_count or 0
+        depth = await queue_depth(channel, broker.topology.fetch_ready)
+        if depth is None:
+            raise RuntimeError(f"cannot read {broker.topology.fetch_ready}")
+        return depth[1]
     finally:
         await channel.close()
 

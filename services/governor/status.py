@@ -20,7 +20,7 @@ from typing import Any, Literal
 from aio_pika.abc import AbstractIncomingMessage
 from pydantic import Field
 
-from hutch.amqp import Broker, PublishFailed
+from hutch.amqp import Broker, PublishFailed, queue_depth
 from hutch.models import DecodeError, Model, decode
 
 
@@ -94,11 +94,9 @@ async def _backlogs(broker: Broker, domains: list[str], channels: int = 4) -> di
             while pending:
                 domain = pending.pop()
                 name = broker.topology.domain_queue(domain).name
-                try:
-                    queue = await channel.declare_queue(name, passive=True, robust=False)
-                    found[domain] = queue.declaration_result.message_count or 0
-                except Exception:
-                    found[domain] = None
+                depth = await queue_depth(channel, name)
+                found[domain] = None if depth is None else depth[0]
+                if depth is None:
                     channel = await broker.channel()  # a failed passive declare closes the channel
         finally:
             with contextlib.suppress(Exception):

@@ -21,9 +21,7 @@ import contextlib
 import logging
 import time
 
-from aio_pika.abc import AbstractChannel
-
-from hutch.amqp import Delivery, PublishFailed, Requeue
+from hutch.amqp import Delivery, PublishFailed, Requeue, queue_depth
 from hutch.domains import event_key, routing_key
 from hutch.models import AnyEvent, DeadLetter, Item, Rescued
 from hutch.service import Service
@@ -156,14 +154,14 @@ class Storer(Service):
         topology = self.broker.topology
         channel = await self.broker.channel()
         try:
-            ready = await self._depth(channel, topology.fetch_ready)
-            events = await self._depth(channel, topology.events_storer)
+            ready = await queue_depth(channel, topology.fetch_ready)
+            events = await queue_depth(channel, topology.events_storer)
             depths: dict[str, int | None] = {}
             domains = sorted(reconcile.domains_to_look_at(silent, now, self.reconcile_config))
             for domain in domains[:DOMAINS_PER_SWEEP]:
                 if channel.is_closed:  # a passive declare of a missing queue closes it
                     channel = await self.broker.channel()
-                depth = await self._depth(channel, topology.domain_queue(domain).name)
+                depth = await queue_depth(channel, topology.domain_queue(domain).name)
                 depths[domain] = None if depth is None else depth[0]
         finally:
             with contextlib.suppress(Exception):
@@ -175,17 +173,6 @@ class Storer(Service):
             store_behind=events is None or events[0] > 0,
             empty_for={domain: now - since for domain, since in self._empty_since.items()},
         )
-
-    @staticmethod
-    async def _depth(channel: AbstractChannel, queue: str) -> tuple[int, int] | None:
-        """(ready messages, consumers) of a queue; None if it cannot be seen."""
-        try:
-            declared = await channel.declare_queue(queue, passive=True, robust=False)
-        except Exception as exc:
-            log.debug("depth of %s unknown: %s", queue, exc)
-            return None
-        result = declared.declaration_result
-        return result.message_count or 0, result.consumer_count or 0
 
     async def _rescue(self, silent: Silent, why: str, now: float) -> int:
         task = reconcile.rebuild(silent, silent.incarnation + 1)
