@@ -53,7 +53,7 @@ from dataclasses import dataclass, field
 
 from aio_pika.abc import AbstractChannel, AbstractQueue
 
-from hutch.amqp import Broker, Consumer, Dead, Delivery, PublishFailed, Requeue, declare_queue
+from hutch.amqp import Broker, Consumer, Dead, Delivery, PublishFailed, Requeue, declare_queue, queue_depth
 from hutch.domains import routing_key
 from hutch.migrate import migrate
 from hutch.models import (
@@ -454,12 +454,11 @@ class Governor(Service):
         channel = await self.broker.channel()
         name = self.broker.topology.fetch_ready
         while True:
-            try:
-                queue = await channel.declare_queue(name, passive=True, robust=False)
-                self.core.ready_depth = queue.declaration_result.message_count or 0
+            depth = await queue_depth(channel, name)
+            if depth is not None:
+                self.core.ready_depth = depth[0]
                 self.core.released_since_look = 0
-            except Exception as exc:  # reconnecting: keep the last figure
-                log.debug("fetch.ready depth unknown: %s", exc)
+            else:  # reconnecting: keep the last figure
                 with contextlib.suppress(Exception):
                     channel = await self.broker.channel()
             self._notify_gate()
