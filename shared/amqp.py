@@ -139,7 +139,13 @@ def task_id_of(body: object) -> str | None:
 
 
 def topology_for(settings: Settings) -> Topology:
-    return Topology(settings.namespace, settings.queue_type, settings.retry_delays, settings.dlq_max_length)
+    return Topology(
+        settings.namespace,
+        settings.queue_type,
+        settings.retry_delays,
+        settings.dlq_max_length,
+        shards=settings.frontier_shards,
+    )
 
 
 async def declare_queue(channel: AbstractChannel, spec: QueueSpec) -> AbstractQueue:

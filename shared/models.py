@@ -240,6 +240,22 @@ class RobotsFetched(Model):
     at: float = Field(default_factory=time.time)
 
 
+class JobControl(Model):
+    """A change of a job's state, appended to the `jobs` stream that every governor reads whole.
+
+    `pause`: its tasks wait in `frontier.paused` (no message held, no other job blocked).
+    `resume`: they go back to the frontier. `cancel`: its tasks end dead as `cancelled` where
+    they surface (those already released finish). `weight`: its share of each domain's rate
+    against the other jobs on that domain (default 1). The newest record of a job wins.
+    """
+
+    v: Literal[1] = 1
+    job: str
+    action: Literal["pause", "resume", "cancel", "weight"]
+    weight: float | None = Field(default=None, gt=0, le=1000)
+    at: float = Field(default_factory=time.time)
+
+
 class DomainRecord(Model):
     """An entry of the durable domain registry (a stream): this domain has a frontier queue."""
 

@@ -86,6 +86,18 @@ class Settings(BaseSettings):
         5.0, description="longest a governor waits holding one frontier message before returning it"
     )
     concurrency_per_domain: int = Field(8, ge=1, description="fetches in flight per domain, fleet-wide")
+    frontier_shards: int = Field(
+        16, ge=1, le=256, description="queues the frontier is hashed into, whatever the number of domains"
+    )
+    frontier_window: int = Field(
+        256, ge=1, le=10_000, description="frontier messages a governor holds unacked per shard"
+    )
+    hold_horizon: float = Field(
+        5.0, gt=0, description="seconds of a domain's rate a governor holds per job; the rest waits parked"
+    )
+    domain_idle: float = Field(
+        300.0, gt=0, description="seconds after which a governor forgets an idle domain's state"
+    )
     rate_for: str | None = Field(
         None, description="per-domain rates, `domain=R/s` comma separated (wins over the limits file)"
     )

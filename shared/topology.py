@@ -32,6 +32,7 @@ Shape (see the design card):
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -86,8 +87,10 @@ class Topology:
         retry_delays: Iterable[float] = (1, 5, 30, 120, 600, 3600),
         dlq_max_length: int = 100_000,
         version: str = VERSION,
+        shards: int = 16,
     ) -> None:
         self.namespace = namespace
+        self.shards = shards
         self.queue_type = queue_type
         self.retry_delays = tuple(sorted(set(float(d) for d in retry_delays)))
         self.dlq_max_length = dlq_max_length
@@ -108,6 +111,9 @@ class Topology:
         self.events_storer = p + "events.storer"
         self.events_proxy = p + "events.proxy-manager"
         self.rpc_proxy = p + "rpc.proxy"
+        self.paused = p + "frontier.paused"
+        self.jobs = p + "jobs"
+        self.released_log = p + "released.log"
 
     # -- arguments -----------------------------------------------------------------
 
@@ -151,6 +157,28 @@ class Topology:
             arguments=args,
             bindings=((self.frontier, routing_key(domain)),),
         )
+
+    def shard_of(self, domain: str) -> int:
+        """The frontier shard a domain's tasks wait in: fixed by the domain's name."""
+        return zlib.crc32(domain.encode()) % self.shards
+
+    def shard_key(self, domain: str) -> str:
+        """The routing key a task of `domain` is published to the frontier (or a tier) with."""
+        return f"s.{self.shard_of(domain)}"
+
+    def shard_queue(self, shard: int) -> QueueSpec:
+        """One frontier shard: the tasks of every domain hashed to it, in arrival order.
+
+        Single active consumer: every governor consumes every shard and the broker lets one
+        of them at a time release its domains, so each domain has one governor deciding.
+        """
+        args = self._durable_args(delivery_limit=FRONTIER_DELIVERY_LIMIT)
+        args["x-single-active-consumer"] = True
+        return QueueSpec(f"{self.frontier}.s.{shard}", args, ((self.frontier, f"s.{shard}"),))
+
+    @property
+    def shard_queues(self) -> tuple[QueueSpec, ...]:
+        return tuple(self.shard_queue(n) for n in range(self.shards))
 
     def tier_exchange(self, delay: float) -> str:
         return f"{self.prefix}retry.{tier_label(delay)}"
@@ -227,6 +255,24 @@ class Topology:
                 self.domains,
                 {"x-queue-type": "stream", "x-max-length-bytes": 256 * 1024 * 1024},
             ),
+            # Tasks of paused jobs, every job in one queue: no consumer until a job resumes
+            # or is cancelled, then the governors sort it through once.
+            QueueSpec(self.paused, work),
+            # Every job's state changes, read whole by each governor and the storer.
+            QueueSpec(self.jobs, {"x-queue-type": "stream", "x-max-length-bytes": 64 * 1024 * 1024}),
+            # The released events of the last while: a governor that starts reads the last
+            # permit lifetimes of releases before it releases anything (see the governor).
+            QueueSpec(
+                self.released_log,
+                {
+                    "x-queue-type": "stream",
+                    "x-max-length-bytes": 256 * 1024 * 1024,
+                    "x-stream-max-segment-size-bytes": 8 * 1024 * 1024,
+                    "x-max-age": "1h",
+                },
+                ((self.events, "released"),),
+            ),
+            *self.shard_queues,
             *tiers,
         )
 

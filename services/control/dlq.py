@@ -18,7 +18,6 @@ import sys
 from typing import Any
 
 from hutch.amqp import Broker
-from hutch.domains import routing_key
 from hutch.models import DeadLetter
 from hutch.services.control.terminal import json_text, shown
 from hutch.settings import Settings
@@ -99,7 +98,7 @@ async def replay(settings: Settings, filters: dict[str, Any], reset_attempts: bo
                     task = letter.task.model_copy(update={"permit": None})
                     if reset_attempts:
                         task = task.model_copy(update={"attempts": 0, "failed_proxies": []})
-                    sends.append(broker.publish(topology.frontier, routing_key(task.domain), task))
+                    sends.append(broker.publish(topology.frontier, topology.shard_key(task.domain), task))
                 else:
                     skipped += 1
                     continue

@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hutch.amqp import Broker
-from hutch.domains import routing_key
 from hutch.models import Spec, Task, task_id
 from hutch.store import AsyncStore
 from hutch.urls import DEFAULT_MAX_URL_BYTES, InvalidURL, check_url
@@ -133,7 +132,7 @@ async def submit(
         waiting = await store.run(lambda s: s.add_tasks(rows, messages))
         topology = broker.topology
         await asyncio.gather(
-            *(broker.publish(topology.frontier, routing_key(batch[i].domain), batch[i]) for i in waiting)
+            *(broker.publish(topology.frontier, topology.shard_key(batch[i].domain), batch[i]) for i in waiting)
         )
         await store.run(lambda s: s.mark_queued(waiting))
         result.published += len(waiting)

@@ -27,7 +27,7 @@ import httpx
 from aio_pika.exceptions import AMQPError
 
 from hutch.amqp import Delivery, PublishFailed, RpcClient
-from hutch.domains import event_key, routing_key
+from hutch.domains import event_key
 from hutch.models import Attempt, Event, FetcherHeartbeat, Lease, LeaseRequest, Page, RobotsFetched, Task
 from hutch.service import Service
 from hutch.services.fetcher.charsets import decode_body
@@ -212,7 +212,7 @@ class Fetcher(Service):
     async def _back_to_frontier(self, task: Task, why: str) -> None:
         """Back to the domain queue with no permit and no attempt spent."""
         task = task.model_copy(update={"permit": None})
-        await self.broker.publish(self.broker.topology.frontier, routing_key(task.domain), task)
+        await self.broker.publish(self.broker.topology.frontier, self.broker.topology.shard_key(task.domain), task)
         await self._event(task, why, "frontier")
 
     async def _no_proxy_now(self, task: Task, lease: Lease) -> None:
@@ -231,7 +231,7 @@ class Fetcher(Service):
             await self.broker.publish_dead("fetch", "no_proxy", detail, task=task)
             await self._event(task, "no_proxy", "dead")
             return
-        await self.broker.publish(topology.tier_exchange(delay), routing_key(task.domain), task)
+        await self.broker.publish(topology.tier_exchange(delay), topology.shard_key(task.domain), task)
         await self._event(task, "no_proxy", "retry", delay=delay)
 
     async def _robots_result(self, task: Task, lease: Lease, result: FetchResult) -> None:
@@ -300,9 +300,9 @@ class Fetcher(Service):
             await self.broker.publish(topology.work, "parse", page)
         elif action == "retry":
             assert decision.delay is not None
-            await self.broker.publish(topology.tier_exchange(decision.delay), routing_key(task.domain), task)
+            await self.broker.publish(topology.tier_exchange(decision.delay), topology.shard_key(task.domain), task)
         elif action == "frontier":
-            await self.broker.publish(topology.frontier, routing_key(task.domain), task)
+            await self.broker.publish(topology.frontier, topology.shard_key(task.domain), task)
         else:
             await self.broker.publish_dead("fetch", reason, detail, task=task)
         await self._event(

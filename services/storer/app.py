@@ -22,7 +22,7 @@ import logging
 import time
 
 from hutch.amqp import Delivery, PublishFailed, Requeue, queue_depth
-from hutch.domains import event_key, routing_key
+from hutch.domains import event_key
 from hutch.models import AnyEvent, DeadLetter, Item, Rescued
 from hutch.service import Service
 from hutch.services.storer import reconcile
@@ -189,7 +189,7 @@ class Storer(Service):
                 Rescued(task_id=task.id, domain=task.domain, incarnation=task.incarnation),
                 mandatory=False,
             )
-            await self.broker.publish(topology.frontier, routing_key(task.domain), task)
+            await self.broker.publish(topology.frontier, topology.shard_key(task.domain), task)
         except PublishFailed as exc:
             # Claimed but not sent: the task is looked at again one deadline from now.
             log.warning("rescue of task %s not published: %s", task.id, exc)
