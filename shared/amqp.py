@@ -348,9 +348,7 @@ class Consumer:
         async def deliver(message: DeliveredMessage) -> None:
             await self._on_message(Delivery(message, underlay))
 
-        ok = await underlay.basic_consume(
-            self.queue, deliver, arguments=self._arguments, no_ack=self._no_ack
-        )
+        ok = await underlay.basic_consume(self.queue, deliver, arguments=self._arguments, no_ack=self._no_ack)
         self.tag, self._underlay = ok.consumer_tag or "", underlay
 
     async def cancel(self) -> None:
@@ -413,12 +411,9 @@ class Broker:
             self.connection = connection
         except (TimeoutError, OSError, AMQPError) as exc:
             raise BrokerUnreachable(
-                f"cannot reach RabbitMQ at {self.settings.safe_amqp_url}: "
-                f"{type(exc).__name__}: {exc}".rstrip(": ")
+                f"cannot reach RabbitMQ at {self.settings.safe_amqp_url}: {type(exc).__name__}: {exc}".rstrip(": ")
             ) from None
-        self._publish_channel = await self.connection.channel(
-            publisher_confirms=True, on_return_raises=True
-        )
+        self._publish_channel = await self.connection.channel(publisher_confirms=True, on_return_raises=True)
         if declare:
             await self.declare_topology()
         return self
@@ -438,9 +433,7 @@ class Broker:
         keep = self._topology_channel is None
         channel = await self.channel()
         for exchange in self.topology.exchanges:
-            await channel.declare_exchange(
-                exchange.name, exchange.type, durable=True, arguments=exchange.arguments
-            )
+            await channel.declare_exchange(exchange.name, exchange.type, durable=True, arguments=exchange.arguments)
         for spec in self.topology.queues:
             await declare_queue(channel, spec)
         if keep:
@@ -777,7 +770,10 @@ class Broker:
             # feed itself): the message is dropped, and the log says which one.
             log.error(
                 "%s: message %s dropped (%s: %s); this queue does not dead-letter",
-                how.queue, message.message_id, reason, detail[:200],
+                how.queue,
+                message.message_id,
+                reason,
+                detail[:200],
             )
             await self._settle(message)
             return

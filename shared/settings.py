@@ -25,9 +25,7 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="HUTCH_", extra="ignore", frozen=True)
 
     # Broker and naming
-    amqp_url: str = Field(
-        "amqp://guest:guest@127.0.0.1:5672/", description="RabbitMQ URL (credentials never logged)"
-    )
+    amqp_url: str = Field("amqp://guest:guest@127.0.0.1:5672/", description="RabbitMQ URL (credentials never logged)")
     # AMQP caps exchange names at 127 characters: 100 leave room for the longest suffix.
     namespace: str = Field(
         "hutch",
@@ -36,14 +34,10 @@ class Settings(BaseSettings):
         pattern=r"^[A-Za-z0-9._:-]+$",
         description="prefix of every exchange and queue name",
     )
-    queue_type: Literal["classic", "quorum"] = Field(
-        "classic", description="classic on one node, quorum on a cluster"
-    )
+    queue_type: Literal["classic", "quorum"] = Field("classic", description="classic on one node, quorum on a cluster")
     publish_timeout: float = Field(10.0, description="seconds to wait for a publisher confirm")
     rpc_timeout: float = Field(5.0, description="seconds to wait for an RPC answer (proxy lease)")
-    shutdown_grace: float = Field(
-        10.0, description="seconds in-flight work may finish after SIGTERM"
-    )
+    shutdown_grace: float = Field(10.0, description="seconds in-flight work may finish after SIGTERM")
     log_level: str = Field("INFO", description="logging level of every service")
     max_crashes: int = Field(
         3, ge=1, description="redeliveries (a consumer died holding it) before a message is dead as `crashed`"
@@ -57,9 +51,7 @@ class Settings(BaseSettings):
 
     # Store
     data_dir: Path = Field(Path("hutch-data"), description="folder of the embedded SQLite store")
-    store_url: str | None = Field(
-        None, description="store location; default sqlite:///<data_dir>/hutch.sqlite3"
-    )
+    store_url: str | None = Field(None, description="store location; default sqlite:///<data_dir>/hutch.sqlite3")
     store_retry_seconds: float = Field(
         30.0, gt=0, description="how long the storer retries a failing store write before requeueing it"
     )
@@ -79,9 +71,7 @@ class Settings(BaseSettings):
     rate: float = Field(2.0, description="default fetches per second per domain")
     burst: int = Field(1, description="token bucket size per domain")
     permit_ttl: float = Field(30.0, description="seconds a fetch permit stays valid")
-    max_ready: int = Field(
-        200, description="governor stops releasing while fetch.ready holds this many tasks"
-    )
+    max_ready: int = Field(200, description="governor stops releasing while fetch.ready holds this many tasks")
     max_hold: float = Field(
         5.0, description="longest a governor waits holding one frontier message before returning it"
     )
@@ -95,9 +85,7 @@ class Settings(BaseSettings):
     hold_horizon: float = Field(
         5.0, gt=0, description="seconds of a domain's rate a governor holds per job; the rest waits parked"
     )
-    domain_idle: float = Field(
-        300.0, gt=0, description="seconds after which a governor forgets an idle domain's state"
-    )
+    domain_idle: float = Field(300.0, gt=0, description="seconds after which a governor forgets an idle domain's state")
     rate_for: str | None = Field(
         None, description="per-domain rates, `domain=R/s` comma separated (wins over the limits file)"
     )
@@ -133,9 +121,7 @@ class Settings(BaseSettings):
         "Hutch/0.1 (scraping job system)",
         description="User-Agent sent with every request",
     )
-    max_body_bytes: int = Field(
-        5 * 1024 * 1024, description="largest decoded response body accepted"
-    )
+    max_body_bytes: int = Field(5 * 1024 * 1024, description="largest decoded response body accepted")
     max_content_encodings: int = Field(
         2, ge=0, description="content encodings stacked on one body that are undone; more is bad_encoding"
     )
@@ -147,9 +133,7 @@ class Settings(BaseSettings):
         8192, ge=64, description="longest URL accepted, in bytes: each URL submitted and each redirect target"
     )
     max_attempts: int = Field(5, description="attempts a task may spend before it goes dead")
-    max_pause: float = Field(
-        600.0, description="longest site-requested wait (Retry-After) that spends no attempt"
-    )
+    max_pause: float = Field(600.0, description="longest site-requested wait (Retry-After) that spends no attempt")
     default_pause: float = Field(30.0, description="wait after a 429/503 that gives no Retry-After")
     max_throttles: int = Field(10, description="429/503 waits per task that spend no attempt")
     max_proxy_failures: int = Field(5, description="proxy failures per task that spend no attempt")
@@ -169,9 +153,7 @@ class Settings(BaseSettings):
     retry_delays: Annotated[tuple[float, ...], NoDecode] = Field(
         DEFAULT_RETRY_DELAYS, description="delay tiers in seconds, comma separated"
     )
-    use_proxy_manager: bool = Field(
-        True, description="ask the proxy-manager for a lease on every attempt"
-    )
+    use_proxy_manager: bool = Field(True, description="ask the proxy-manager for a lease on every attempt")
 
     # Proxy manager
     proxy_file: Path | None = Field(

@@ -274,9 +274,7 @@ class Store:
     def job_exists(self, name: str) -> bool:
         return self.db.execute("SELECT 1 FROM jobs WHERE name = ?", (name,)).fetchone() is not None
 
-    def add_tasks(
-        self, rows: Iterable[tuple[str, str, str, str]], messages: dict[str, str] | None = None
-    ) -> list[str]:
+    def add_tasks(self, rows: Iterable[tuple[str, str, str, str]], messages: dict[str, str] | None = None) -> list[str]:
         """Record (id, job, url, domain) rows; return the ids still waiting to be published.
 
         `messages` maps a task id to the task as published (JSON), kept for the reconciler.
@@ -294,9 +292,7 @@ class Store:
             )
             ids = [row[0] for row in rows]
             marks = ",".join("?" * len(ids))
-            found = self.db.execute(
-                f"SELECT id FROM tasks WHERE state = 'new' AND id IN ({marks})", ids
-            ).fetchall()
+            found = self.db.execute(f"SELECT id FROM tasks WHERE state = 'new' AND id IN ({marks})", ids).fetchall()
         waiting = {row[0] for row in found}
         return [i for i in ids if i in waiting]
 
@@ -340,9 +336,7 @@ class Store:
         return [dict(row) for row in rows]
 
     def unpublished(self, job: str) -> Iterator[sqlite3.Row]:
-        yield from self.db.execute(
-            "SELECT id, url, domain FROM tasks WHERE job = ? AND state = 'new'", (job,)
-        )
+        yield from self.db.execute("SELECT id, url, domain FROM tasks WHERE job = ? AND state = 'new'", (job,))
 
     # -- what the services report ----------------------------------------------------------
 
@@ -413,9 +407,7 @@ class Store:
                 self.db.execute("UPDATE tasks SET due_at = ? WHERE id = ?", (due, event.task_id))
         elif event.next == "parse":
             # On the durable parse queue: the parser moves it on, or dead-letters it.
-            self.db.execute(
-                "UPDATE tasks SET due_at = NULL WHERE id = ? AND state = 'in_flight'", (event.task_id,)
-            )
+            self.db.execute("UPDATE tasks SET due_at = NULL WHERE id = ? AND state = 'in_flight'", (event.task_id,))
 
     def _transition_in_tx(self, task_id: str, state: str, outcome: str | None) -> bool:
         sources = _FROM[state]
@@ -441,9 +433,7 @@ class Store:
                 "VALUES (?, ?, ?, ?, 'stored', ?, ?, ?) ON CONFLICT (id) DO NOTHING",
                 (task.id, task.job, task.url, task.domain, task.attempts, time.time(), time.time()),
             )
-            self.db.execute(
-                "UPDATE tasks SET attempts = MAX(attempts, ?) WHERE id = ?", (task.attempts, task.id)
-            )
+            self.db.execute("UPDATE tasks SET attempts = MAX(attempts, ?) WHERE id = ?", (task.attempts, task.id))
             self._transition_in_tx(task.id, "stored", "ok")
 
     def record_dead(self, letter: DeadLetter, message_id: str) -> None:
@@ -603,9 +593,7 @@ class Store:
             yield {"url": row["url"], **{k: v for k, v in fields.items() if k != "url"}}
 
     def attempts(self, task_id: str) -> list[dict[str, Any]]:
-        rows = self.db.execute(
-            "SELECT * FROM attempts WHERE task_id = ? ORDER BY at", (task_id,)
-        ).fetchall()
+        rows = self.db.execute("SELECT * FROM attempts WHERE task_id = ? ORDER BY at", (task_id,)).fetchall()
         return [dict(row) for row in rows]
 
     # -- the dead-letter ledger -----------------------------------------------------------
@@ -667,9 +655,7 @@ class Store:
                 if row is not None and row[0] is not None:
                     # A replayed task gets its rescues back along with its place in the queue.
                     if self._transition_in_tx(row[0], "queued", None):
-                        self.db.execute(
-                            "UPDATE tasks SET rescues = 0, due_at = NULL WHERE id = ?", (row[0],)
-                        )
+                        self.db.execute("UPDATE tasks SET rescues = 0, due_at = NULL WHERE id = ?", (row[0],))
 
     def mark_purged(self, entry_ids: Iterable[int]) -> int:
         now = time.time()

@@ -54,8 +54,7 @@ def setup_tracing(service: str, extra_processor: SpanProcessor | None = None) ->
     exporter_name = os.environ.get("OTEL_TRACES_EXPORTER")
     if exporter_name is None:
         has_endpoint = any(
-            os.environ.get(var)
-            for var in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+            os.environ.get(var) for var in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
         )
         exporter_name = "otlp" if has_endpoint else "none"
     processors: list[SpanProcessor] = []

@@ -60,8 +60,7 @@ def _settings(**overrides: Any) -> Settings:
     except ValidationError as exc:
         # pydantic's own text spans several lines; one clause per bad variable reads better.
         problems = "; ".join(
-            f"HUTCH_{'_'.join(str(part) for part in error['loc']).upper()}: {error['msg']}"
-            for error in exc.errors()
+            f"HUTCH_{'_'.join(str(part) for part in error['loc']).upper()}: {error['msg']}" for error in exc.errors()
         )
         raise UserError(f"invalid setting {problems}") from None
     except Exception as exc:

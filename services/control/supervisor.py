@@ -154,9 +154,7 @@ class Supervisor:
             with contextlib.suppress(ProcessLookupError):
                 process.send_signal(signal.SIGTERM)
         if alive:
-            await asyncio.wait(
-                [asyncio.create_task(p.wait()) for p in alive], timeout=self.grace + 5
-            )
+            await asyncio.wait([asyncio.create_task(p.wait()) for p in alive], timeout=self.grace + 5)
             for process in alive:
                 if process.returncode is None:
                     with contextlib.suppress(ProcessLookupError):

@@ -243,7 +243,7 @@ class Fetcher(Service):
             domain=task.domain,
             url=task.url,
             status=result.status,
-            text=text[:512 * 1024],
+            text=text[: 512 * 1024],
             outcome=result.outcome,
         )
         await self.broker.publish(self.broker.topology.events, event_key("robots", task.domain), robots)

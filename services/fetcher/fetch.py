@@ -230,9 +230,9 @@ async def fetch(
                     content_type=response.headers.get("content-type"),
                     body=body,
                     retry_after=parse_retry_after(response.headers.get("retry-after"), time.time()),
-                    detail="block page" if outcome == "blocked" and status < 300 else (
-                        "" if status < 300 else f"HTTP {status}"
-                    ),
+                    detail="block page"
+                    if outcome == "blocked" and status < 300
+                    else ("" if status < 300 else f"HTTP {status}"),
                 )
             finally:
                 await response.aclose()

@@ -151,8 +151,7 @@ class TargetGuard:
             reason = why_forbidden(ipaddress.ip_address(address))
             if reason is not None and not self._allowed(host, port, address):
                 raise ForbiddenTarget(
-                    f"{host}:{port} resolves to {address} ({reason}); "
-                    "add it to HUTCH_ALLOWED_TARGETS to fetch it"
+                    f"{host}:{port} resolves to {address} ({reason}); add it to HUTCH_ALLOWED_TARGETS to fetch it"
                 )
         return addresses
 

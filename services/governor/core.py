@@ -234,9 +234,7 @@ class Core:
         return self.ready_depth + self.released_since_look < self.config.max_ready
 
     def robots_task(self, origin: str, domain: str) -> Task:
-        return Task(
-            id=robots_task_id(origin), job=ROBOTS_JOB, url=robots_url(origin), domain=domain, purpose="robots"
-        )
+        return Task(id=robots_task_id(origin), job=ROBOTS_JOB, url=robots_url(origin), domain=domain, purpose="robots")
 
     def commit(self, task: Task, domain: str) -> Task:
         """Take the token and record the lease of a release; the task with its permit."""
@@ -351,4 +349,3 @@ class Core:
                 }
             )
         return rows
-

@@ -42,9 +42,7 @@ class _Budget:
             raise ItemTooLarge(f"item passes {self.max_bytes} bytes of JSON")
 
 
-def extract(
-    text: str, url: str, status: int, spec: Spec | None, max_bytes: int | None = None
-) -> dict[str, Any]:
+def extract(text: str, url: str, status: int, spec: Spec | None, max_bytes: int | None = None) -> dict[str, Any]:
     """The item of one page; `ItemTooLarge` when its JSON would pass `max_bytes`."""
     budget = _Budget(max_bytes)
     selector = Selector(text=text, base_url=url)

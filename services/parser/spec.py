@@ -81,9 +81,7 @@ def _rule(field: str, value: Any) -> FieldRule:
     elif isinstance(value, str):
         kind, sep, expr = value.partition(":")
         if not sep or kind not in ("css", "xpath"):
-            raise SpecError(
-                f"field {name}: unknown selector kind in {_quote(value)}; use css:SELECTOR or xpath:EXPR"
-            )
+            raise SpecError(f"field {name}: unknown selector kind in {_quote(value)}; use css:SELECTOR or xpath:EXPR")
     else:
         raise SpecError(f"field {name}: expected 'css:...' or 'xpath:...', got {type(value).__name__}")
     if not isinstance(expr, str) or not expr.strip():

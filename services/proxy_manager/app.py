@@ -193,9 +193,7 @@ class ProxyManager(Service):
             due = self.selector.due_for_probe()
             for proxy in due:
                 self.selector.health.probe_failed(proxy.id, time.time())  # not probed again meanwhile
-            results = await asyncio.gather(
-                *(probe(proxy, url, timeout, self.settings.user_agent) for proxy in due)
-            )
+            results = await asyncio.gather(*(probe(proxy, url, timeout, self.settings.user_agent) for proxy in due))
             for proxy, (ok, what) in zip(due, results, strict=True):
                 changes = self.selector.probed(proxy.id, ok)
                 if ok:

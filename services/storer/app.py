@@ -65,9 +65,7 @@ class Storer(Service):
         # broker until the store takes writes again. It also bounds a group's size.
         prefetch = max(PREFETCH, s.store_batch)
         await self.broker.consume(topology.store, Item, self._on_item, stage="store", prefetch=prefetch)
-        await self.broker.consume(
-            topology.events_storer, AnyEvent, self._on_event, stage="store", prefetch=prefetch
-        )
+        await self.broker.consume(topology.events_storer, AnyEvent, self._on_event, stage="store", prefetch=prefetch)
         await self.broker.consume(
             topology.ledger, DeadLetter, self._on_dead, stage="store", prefetch=32, dead_letter=False
         )
@@ -131,9 +129,7 @@ class Storer(Service):
         config = self.reconcile_config
         now = time.time()
         silent = await self.store.run(
-            lambda store: store.silent_tasks(
-                config.in_flight_before(now), config.retrying_before(now), SWEEP_LIMIT
-            )
+            lambda store: store.silent_tasks(config.in_flight_before(now), config.retrying_before(now), SWEEP_LIMIT)
         )
         done = {"rescue": 0, "stall": 0}
         if not silent:

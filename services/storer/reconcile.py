@@ -114,16 +114,12 @@ def decide(task: Silent, now: float, config: Config, observed: Observed) -> Verd
     return Verdict("rescue", why)
 
 
-def empty_since(
-    previous: dict[str, float], depths: dict[str, int | None], now: float
-) -> dict[str, float]:
+def empty_since(previous: dict[str, float], depths: dict[str, int | None], now: float) -> dict[str, float]:
     """When each domain queue was first seen empty in the current run of empty looks.
 
     `depths` holds this sweep's looks (None: unknown); domains not looked at are forgotten.
     """
-    return {
-        domain: previous.get(domain, now) for domain, depth in depths.items() if depth is not None and depth == 0
-    }
+    return {domain: previous.get(domain, now) for domain, depth in depths.items() if depth is not None and depth == 0}
 
 
 def domains_to_look_at(tasks: list[Silent], now: float, config: Config) -> set[str]:

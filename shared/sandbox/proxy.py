@@ -143,9 +143,7 @@ class ProxyServer(Listener):
             )
         )
 
-    async def _exchange(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, exchange: _Exchange
-    ) -> None:
+    async def _exchange(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, exchange: _Exchange) -> None:
         if self.config.down:
             exchange.status, exchange.fault = "reset", "down"
             self._record(exchange)

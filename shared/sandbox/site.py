@@ -182,9 +182,7 @@ class SiteServer(Listener):
             if not await self._send(writer, outcome, head=head, keep=request.keep_alive):
                 return
 
-    def _record(
-        self, ts: float, method: str, path: str, client: str, status: int | str, fault: str | None
-    ) -> None:
+    def _record(self, ts: float, method: str, path: str, client: str, status: int | str, fault: str | None) -> None:
         self._log.add(
             AccessRecord(
                 ts=ts,
