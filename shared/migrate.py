@@ -13,6 +13,8 @@ the governor calls `migrate` once at start, before it consumes anything:
   in a tier loses the rest of its delay); tasks that fell through to `unrouted` go to the new
   `unrouted` with their key kept; every other queue's messages go to its same-named queue.
 - An emptied old queue is deleted, then the old exchanges and the old registry.
+- The per-domain queues this version had before the frontier was sharded are emptied into
+  the shards the same way (`_retire_domain_queues`).
 
 Several governors may start at once: an exclusive queue is the lock (the broker grants it to
 one connection), so one of them moves, the others go on, and no queue is deleted under a
@@ -31,7 +33,6 @@ from aiormq.abc import DeliveredMessage
 
 from hutch.admin import registered_domains
 from hutch.amqp import Broker, PublishFailed, copy_properties
-from hutch.domains import routing_key
 from hutch.models import DecodeError, Task, decode
 from hutch.topology import PREVIOUS_VERSIONS, Topology
 
@@ -54,6 +55,7 @@ async def migrate(broker: Broker, versions: Iterable[str] = PREVIOUS_VERSIONS) -
         moved = 0
         for version in versions:
             moved += await _migrate_version(broker, version)
+        moved += await _retire_domain_queues(broker)
         return moved
     finally:
         await _unlock(broker, lock)
@@ -99,7 +101,7 @@ async def _migrate_version(broker: Broker, version: str) -> int:
     moved = 0
     # Tiers first: they dead-letter into the old domain queues, which are emptied next.
     for name in to_frontier:
-        moved += await _move(broker, name, lambda m: (new.frontier, _task_key(m)))
+        moved += await _move(broker, name, lambda m: (new.frontier, _task_key(m, new)))
     moved += await _move(broker, old.unrouted, lambda m: (new.unrouted, m.routing_key or ""))
     for name, target in same_name.items():
         moved += await _move(broker, name, _to_queue(target))
@@ -111,12 +113,34 @@ async def _migrate_version(broker: Broker, version: str) -> int:
     return moved
 
 
-def _task_key(message: DeliveredMessage) -> str:
-    """A task's routing key in this version (a domain's key may be derived differently now)."""
+async def _retire_domain_queues(broker: Broker) -> int:
+    """Move what waits in this version's former per-domain queues into the frontier's shards.
+
+    Before the shards, every domain had a queue `frontier.d.<domain>`, recorded in the
+    `domains` stream. Their tasks go through the frontier under their shard key, then the
+    emptied queues and the stream are deleted. Run with no governor of the old kind running:
+    one would go on consuming a queue being emptied (what it releases is fetched once, what
+    it returns falls through to `frontier.unrouted` and is routed again).
+    """
+    topology = broker.topology
+    domains = await registered_domains(broker, stream=topology.domains)
+    moved = 0
+    for domain in sorted(domains):
+        queue = topology.domain_queue(domain).name
+        moved += await _move(broker, queue, lambda m: (topology.frontier, _task_key(m, topology)))
+    await _quietly(broker, _delete_queue(topology.domains))
+    if domains:
+        log.info("moved %d tasks from %d domain queues into the frontier's shards", moved, len(domains))
+    return moved
+
+
+def _task_key(message: DeliveredMessage, topology: Topology) -> str:
+    """A task's routing key now: its domain's shard (a tier or an old queue may hold another)."""
     try:
-        return routing_key(decode(message.body, Task).domain)
+        domain = decode(message.body, Task).domain
     except DecodeError:
         return message.routing_key or ""
+    return topology.shard_key(domain)
 
 
 def _to_queue(name: str) -> Route:

@@ -251,10 +251,6 @@ class Topology:
             # One proxy-manager answers at a time (its caps and bans are in its memory); a
             # second one waits as standby and takes over when the first goes away.
             QueueSpec(self.rpc_proxy, {**work, "x-single-active-consumer": True}),
-            QueueSpec(
-                self.domains,
-                {"x-queue-type": "stream", "x-max-length-bytes": 256 * 1024 * 1024},
-            ),
             # Tasks of paused jobs, every job in one queue: no consumer until a job resumes
             # or is cancelled, then the governors sort it through once.
             QueueSpec(self.paused, work),

@@ -1,40 +1,44 @@
-"""The governor's wiring: domain discovery, the events it listens to, and paced release.
+"""The governor's wiring: the frontier's shards, the jobs' states, and paced release.
 
-- A task for a domain that has no queue yet falls through the frontier's alternate exchange
-  into `frontier.unrouted`. The governor declares and binds that domain's queue, records the
-  domain in the `domains` stream, and publishes the task again (now it routes).
-- Every governor reads the `domains` stream from its first entry and consumes every domain
-  queue in it, so a restarted or additional governor picks up every domain with backlog.
-  The domain queues are single-active-consumer: with several governors the broker lets one
-  release each domain and hands it to another when that one dies (see `core` for the wait
-  that keeps a takeover from bursting).
-- Each governor binds its own exclusive, auto-delete queue to the events exchange
-  (`outcome.#`, `released.#`, `robots.#`, `fetcher.heartbeat`, `governor.status`) and
-  consumes it without acks: its state is in memory, rebuilt from events after a restart, so
-  an event lost with a dead governor's queue costs nothing. Binding it before consuming any
-  domain queue means no release from then on goes unheard.
-- Each domain queue is consumed with prefetch 1 on a shared channel: the governor holds at
-  most one task per domain and asks `Core.check` what to do with it. A wait longer than
-  `max_hold` (a pause, a takeover, robots.txt failing) is never spent holding the message
-  (RabbitMQ's `consumer_timeout` would close the channel): the task goes back and the
-  domain's consumer is cancelled until it is due. It goes back by republish and ack
-  (`Requeue` without backoff), never by nack-requeue: on quorum queues every return would
-  count toward `x-delivery-limit`, and a redelivery would count as a crash. (The returned
-  task goes to the back of its domain's queue: order within a domain is not kept across a
-  pause.)
-- A domain queue is declared once on its channel and consumed again after each pause
-  without declaring it again: aio-pika's robust channel keeps every queue object declared
-  on it (to redeclare them all after a reconnect), so a declaration per resume would pile
-  them up for as long as the governor runs. A domain whose consumer could not be started
-  (the connection dropped mid-declare) is tried again until it runs. Waits for the fleet's capacity are served
-  in arrival order, one held task per domain, so a domain with a huge backlog takes its turn
-  like any other and never starves the rest.
-- A release publishes the task with its permit to `fetch.ready` (confirms of every domain's
-  release in flight together) and acks. Its `released` event goes out with the others of the
-  last `RELEASE_FLUSH` seconds in one `EventBatch` (routing key `released`): one message per
-  batch instead of one per permit. A governor killed between a release and the next flush
-  loses those events; they only inform the storer (in flight) and standby governors, which
-  wait a permit lifetime before a takeover anyway, and the outcome events follow regardless.
+The frontier is a fixed number of shard queues (`HUTCH_FRONTIER_SHARDS`); a domain's tasks
+all go to the shard its name hashes to, so the broker holds the same queues for ten
+domains or a million, and an idle domain costs it nothing. (docs/frontier.md gives the
+alternatives and the figures that chose this one.)
+
+- Every governor consumes every shard; shards are single-active-consumer, so one governor
+  at a time releases each domain and a standby takes over when it goes. Each shard is
+  consumed with a window of `HUTCH_FRONTIER_WINDOW` unacked messages. A task taken from a
+  shard is *held* (its message unacked) in its domain's line, per job, until the dispatcher
+  releases it; at most `hold_limit` tasks per domain and job are held (a few seconds of its
+  share of the rate, `HUTCH_HOLD_HORIZON`). The rest is *parked*: published to the delay
+  tier that brings it back about when its turn comes, then acked. So a domain with a huge
+  backlog never fills the window, and the domains behind it in its shard go on.
+- The dispatcher keeps every domain that holds tasks in a heap by the time it may next
+  release. The domain due first goes first: `Core.check` says release, wait (rate,
+  concurrency, a pause, robots.txt, a takeover) or wait for the fleet's capacity. While the
+  fetchers are full the heap waits as it is, so capacity goes to domains in the order they
+  became due and a huge domain takes its turn like any other. A wait longer than
+  `HUTCH_MAX_HOLD` (a pause on `Retry-After`, robots.txt failing, a takeover) parks the
+  domain's held tasks for about that long instead of holding them.
+- Jobs share a domain by weight: the line picks the job with the least service per weight
+  (stride scheduling), so a job of 100 URLs submitted behind one of a million gets its share
+  from its first task on. Job states come from the `jobs` stream, read whole at start: a
+  paused job's tasks go to `frontier.paused` (one queue for every job; no message is held),
+  a resumed or cancelled job's are sorted out of it once, and a cancelled job's tasks end
+  dead as `cancelled` where they surface.
+- Before it consumes any shard, the governor reads the releases of the last permit
+  lifetimes from the `released.log` stream (every governor's `released` event batches), up
+  to a marker of its own, and goes on reading it: it knows every permit in flight, its own
+  earlier incarnation's included, so a restart or a takeover never bursts.
+- Outcomes, robots.txt results, heartbeats and rescues come on an exclusive events queue of
+  its own, without acks: the governor's state is in memory and rebuilt from events.
+- A release publishes the task with its permit to `fetch.ready` (confirms of many releases
+  in flight together) and acks. Its `released` event goes out with the others of the last
+  `RELEASE_FLUSH` seconds in one `EventBatch`. A governor killed between a release and the
+  next flush loses those events (at most 50 ms of releases go unheard by the others).
+- A held or parked task goes back by publish and ack, never by nack-requeue: on quorum
+  queues every return would count toward `x-delivery-limit`, and a redelivery would count
+  as a crash. A domain with nothing held is forgotten after `HUTCH_DOMAIN_IDLE` seconds.
 """
 
 from __future__ import annotations
@@ -42,26 +46,29 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import datetime
+import heapq
 import itertools
 import logging
+import math
 import os
 import socket
 import time
 import uuid
-import zlib
 from dataclasses import dataclass, field
+from typing import Any, Literal
 
+import aiormq
 from aio_pika.abc import AbstractChannel, AbstractQueue
 
-from hutch.amqp import Broker, Consumer, Dead, Delivery, PublishFailed, Requeue, declare_queue, queue_depth
-from hutch.domains import routing_key
+from hutch.amqp import Broker, Dead, Delivery, PublishFailed, Requeue, copy_properties, queue_depth
 from hutch.migrate import migrate
 from hutch.models import (
     DecodeError,
-    DomainRecord,
     Event,
     EventBatch,
     FetcherHeartbeat,
+    JobControl,
     Rescued,
     RobotsFetched,
     Task,
@@ -69,7 +76,7 @@ from hutch.models import (
 )
 from hutch.service import Service
 from hutch.services.governor.capacity import FleetCapacity
-from hutch.services.governor.core import Core, CoreConfig, Verdict
+from hutch.services.governor.core import Core, CoreConfig
 from hutch.services.governor.limits import Limits
 from hutch.services.governor.robots import RobotsCache
 from hutch.services.governor.status import GovernorStatus, status_routing_key
@@ -78,21 +85,31 @@ from hutch.services.governor.suffixes import key_function
 log = logging.getLogger(__name__)
 
 READY_POLL = 0.25  # seconds between two looks at fetch.ready's depth
-TICK = 0.1  # seconds between two sweeps of expired leases and capacity waits
+TICK = 0.1  # seconds between two sweeps of expired leases
 PUBLISH_CONNECTIONS = 2  # connections releases are published on
-DOMAIN_CHANNELS = 8  # channels the domain queues are consumed on (prefetch 1 per consumer)
-CAPACITY_HOLD = 60.0  # longest a task is held waiting for the fetchers' capacity
-SHORT_PAUSE = 1.0  # how long a domain stops consuming after a capacity or concurrency wait
 RELEASE_FLUSH = 0.05  # seconds between two batches of `released` events
 RELEASE_BATCH = 500  # a batch this large goes out at once
 GOVERNOR_HEADER = "x-hutch-governor"
-# A redelivery from a domain queue is almost always a governor that stopped or died holding
-# its one task per domain (shutdown closes the channels, which returns every held task at
-# once), not a task that killed it: the governor reads no page. Crashes still end there, but
-# a good task must survive many governor restarts.
-DOMAIN_MAX_CRASHES = 50
-EVENT_KEYS = ("outcome.#", "released.#", "robots.#", "fetcher.heartbeat", "rescued.#", status_routing_key())
+MARKER_HEADER = "x-hutch-marker"  # on an empty released batch: how a governor knows it read the log
+PARKED_HEADER = "x-hutch-parked"  # a task the governor parked in a delay tier
+# A redelivery from a shard is almost always a governor that stopped or died holding tasks
+# (shutdown closes the shard channels, which returns every held task at once), not a task
+# that killed it: the governor reads no page. Crashes still end there, but a good task must
+# survive many governor restarts.
+SHARD_MAX_CRASHES = 50
+EVENT_KEYS = ("outcome.#", "robots.#", "fetcher.heartbeat", "rescued.#", status_routing_key())
 RESCUED_MEMORY = 100_000  # rescued tasks whose newest incarnation a governor remembers
+MAX_HELD_PER_JOB = 64  # held tasks of one domain and job, however fast its rate
+LONG_HOLD = 600.0  # seconds a task may wait held for the fleet's capacity before it is parked
+DISPATCH_SLICE = 2000  # decisions before the dispatcher lets the loop run other work
+JOBS_QUIET = 0.3  # seconds without a record that mean the jobs stream is read to its end
+CATCH_UP_LIMIT = 30.0  # longest wait for the released log before releasing anyway
+
+
+def let_go(held: Held, action: Action, value: Any = None) -> None:
+    """Tell a held task's handler what to do, once."""
+    if not held.decided.done():
+        held.decided.set_result((action, value))
 
 
 def governor_id() -> str:
@@ -100,41 +117,46 @@ def governor_id() -> str:
     return f"{host}-{os.getpid()}-{uuid.uuid4().hex[:4]}"
 
 
+Action = Literal["release", "park", "paused", "dead", "drop", "return"]
+
+
 @dataclass
-class DomainState:
-    consumer: Consumer | None = None
-    declared: bool = False  # its queue is declared on its channel (which redeclares it on reconnect)
-    resume: asyncio.TimerHandle | None = None
-    resume_on_robots: bool = False
-    changed: asyncio.Event = field(default_factory=asyncio.Event)
+class Held:
+    """A task taken from a shard, its message unacked, waiting for the dispatcher's word."""
+
+    task: Task
+    message: Delivery
+    since: float
+    decided: asyncio.Future[tuple[Action, Any]]
 
 
-class CapacityGate:
-    """Held tasks waiting for fleet capacity, served first come, first served."""
+@dataclass
+class JobLine:
+    """One job's tasks in one domain: held here, and (an estimate) parked in the tiers."""
 
-    def __init__(self) -> None:
-        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+    held: collections.deque[Held] = field(default_factory=collections.deque)
+    parked: int = 0
+    served: float = 0.0  # releases divided by the job's weight (stride scheduling)
 
-    def __len__(self) -> int:
-        while self._waiters and self._waiters[0].done():
-            self._waiters.popleft()
-        return len(self._waiters)
 
-    async def wait(self, timeout: float) -> bool:
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.append(future)
-        try:
-            await asyncio.wait_for(future, timeout)
-            return True
-        except TimeoutError:
-            return False
+@dataclass
+class DomainLine:
+    jobs: dict[str, JobLine] = field(default_factory=dict)
+    seq: int = 0  # the version of its heap entry; an entry with another is stale
+    scheduled: bool = False
+    blocked_until: float = 0.0  # a long wait (pause, robots.txt, takeover): new tasks park at once
+    touched: float = 0.0
 
-    def notify(self, n: int) -> None:
-        while n > 0 and self._waiters:
-            future = self._waiters.popleft()
-            if not future.done():
-                future.set_result(None)
-                n -= 1
+    def held_count(self) -> int:
+        return sum(len(j.held) for j in self.jobs.values())
+
+
+@dataclass
+class JobState:
+    state: Literal["running", "paused", "cancelled"] = "running"
+    state_at: float = 0.0
+    weight: float = 1.0
+    weight_at: float = 0.0
 
 
 class Governor(Service):
@@ -144,8 +166,8 @@ class Governor(Service):
     async def start(self) -> None:
         s = self.settings
         self.id = governor_id()
-        # Work left in an older topology version's queues moves into this one first (one
-        # governor does it; the others go on).
+        # Work left in an older topology's queues moves into this one first (one governor
+        # does it; the others go on).
         await migrate(self.broker)
         fetch_deadline = s.total_timeout + s.rpc_timeout + 5.0
         limits = Limits.load(
@@ -185,11 +207,18 @@ class Governor(Service):
             robots=robots,
             capacity=FleetCapacity(stale_after=s.heartbeat_timeout, fallback=s.concurrency),
         )
-        self.domains: dict[str, DomainState] = {}
-        self.gate = CapacityGate()
+        self.lines: dict[str, DomainLine] = {}
+        self.jobs: dict[str, JobState] = {}
+        self._heap: list[tuple[float, int, str]] = []
+        self._seq = itertools.count(1)
+        self._kicked = asyncio.Event()
+        self._gated = False  # the dispatcher waits for the fleet's capacity
         self._background: set[asyncio.Task[None]] = set()
         self._lag = [0.0, 0]  # outcome events: sum of their delays on arrival, and their count
         self._releases: list[Event] = []  # released events not yet published
+        self._parks = 0
+        self._sorting: asyncio.Task[None] | None = None
+        self._sort_again = False
         # task id -> newest incarnation, of tasks the storer's reconciler rescued (oldest first).
         self.incarnations: collections.OrderedDict[str, int] = collections.OrderedDict()
         topology = self.broker.topology
@@ -200,37 +229,46 @@ class Governor(Service):
         ]
         self._publisher = itertools.cycle(self.publishers)
         self.events_queue = await self._listen_events()
-        self.domain_channels: list[AbstractChannel] = [
-            await self.broker.channel(prefetch=1) for _ in range(DOMAIN_CHANNELS)
-        ]
+        await self._read_jobs()
+        await self._read_released_log()
         self._loops = [
             asyncio.create_task(self._poll_ready_depth()),
             asyncio.create_task(self._tick()),
             asyncio.create_task(self._report()),
             asyncio.create_task(self._flush_releases_every(RELEASE_FLUSH)),
+            asyncio.create_task(self._dispatch()),
         ]
-        await self.broker.consume(
-            topology.domains,
-            DomainRecord,
-            self._on_domain_record,
-            stage="governor",
-            prefetch=500,
-            arguments={"x-stream-offset": "first"},
-        )
+        # One channel per shard, each consumer with its window (prefetch is per consumer).
+        self.shard_channels: list[AbstractChannel] = []
+        for spec in topology.shard_queues:
+            channel = await self.broker.channel(prefetch=s.frontier_window)
+            self.shard_channels.append(channel)
+            await self.broker.consume(
+                spec, Task, self._on_task, stage="governor", channel=channel, max_crashes=SHARD_MAX_CRASHES
+            )
         await self.broker.consume(topology.unrouted, Task, self._on_unrouted, stage="governor", prefetch=64)
-        assert self.broker.connection is not None
-        self.broker.connection.reconnect_callbacks.add(self._register_again)
-        log.info("governor %s: robots.txt %s", self.id, "respected" if robots else "ignored")
+        if any(job.state != "running" for job in self.jobs.values()):
+            self._sort_paused()
+        log.info(
+            "governor %s: %d shards, robots.txt %s",
+            self.id,
+            len(topology.shard_queues),
+            "respected" if robots else "ignored",
+        )
 
     async def shutdown(self) -> None:
-        # The governor holds one message per domain. Cancelling thousands of consumers one
-        # by one while each held message is requeued would have the broker redeliver them
-        # straight back (a storm that outlasts any grace period); closing the domain channels
-        # cancels every domain consumer and returns every held task at once.
+        # Closing the shard channels returns every held task at once (cancelling the
+        # consumers while each held task is returned one by one would have the broker deliver
+        # them straight back); the handlers still waiting are then told to let go.
         self.stopping.set()
-        for channel in self.domain_channels:
+        for channel in self.shard_channels:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(channel.close(), 5.0)
+        for line in self.lines.values():
+            for job in line.jobs.values():
+                for held in job.held:
+                    let_go(held, "drop")
+                job.held.clear()
         await super().shutdown()
 
     async def stop(self) -> None:
@@ -238,28 +276,8 @@ class Governor(Service):
             loop_task.cancel()
         await asyncio.gather(*self._loops, return_exceptions=True)
         await self._flush_releases()
-        for state in self.domains.values():
-            if state.resume is not None:
-                state.resume.cancel()
         for publisher in self.publishers[1:]:
             await publisher.close()
-
-    async def _register_again(self, *_: object) -> None:
-        """Record every domain this governor watches in the registry again, after a reconnect.
-
-        A broker that came back without its definitions has an empty registry, while the
-        domain queues come back with this governor's channels, bound, so their tasks never
-        fall through `unrouted` to be recorded: a governor started later would never consume
-        them (tests/chaos/test_definitions_lost.py). A record of a known domain changes nothing.
-        """
-        topology = self.broker.topology
-        records = [DomainRecord(domain=domain) for domain in self.domains]
-        results = await asyncio.gather(
-            *(self.broker.publish("", topology.domains, record) for record in records), return_exceptions=True
-        )
-        failed = [r for r in results if isinstance(r, BaseException)]
-        if failed:
-            log.warning("%d of %d domains not recorded again: %s", len(failed), len(records), failed[0])
 
     def _spawn(self, coroutine: object) -> None:
         task = asyncio.get_running_loop().create_task(coroutine)  # type: ignore[arg-type]
@@ -291,27 +309,58 @@ class Governor(Service):
                 event = decode(message.body, Event)
                 self._lag[0] += time.time() - event.at
                 self._lag[1] += 1
-                woken = core.on_outcome(event)
-                self._wake(woken)
-                self._notify_gate()
-            elif key == "released":
-                if message.headers.get(GOVERNOR_HEADER) == self.id:
-                    return  # our own releases: already counted
-                for event in decode(message.body, EventBatch).events:
-                    core.on_released(event)
+                self._wake(core.on_outcome(event))
             elif key.startswith("robots."):
-                woken = core.on_robots(decode(message.body, RobotsFetched))
-                self._wake(woken, robots=True)
-                self._notify_gate()
+                self._wake(core.on_robots(decode(message.body, RobotsFetched)), robots=True)
             elif key.startswith("rescued."):
                 self._on_rescued(decode(message.body, Rescued))
             elif key == "fetcher.heartbeat":
                 core.on_heartbeat(decode(message.body, FetcherHeartbeat))
-                self._notify_gate()
+                self._kick()
             elif key == status_routing_key() and message.reply_to:
-                self._spawn(self._answer_status(message.reply_to, message.correlation_id))
+                self._spawn(self._answer_status(message.reply_to, message.correlation_id, message.body))
         except DecodeError as exc:
             log.debug("ignoring an undecodable event %s: %s", key, exc)
+
+    async def _read_released_log(self) -> None:
+        """Consume the released log from a permit lifetime and a fetch ago; wait to reach now.
+
+        The marker, an empty batch of our own, is appended after the consumer starts: when
+        it comes back, every release before it has been heard.
+        """
+        topology = self.broker.topology
+        config = self.core.config
+        since = time.time() - config.permit_ttl - config.fetch_deadline
+        caught_up = asyncio.Event()
+        marker = uuid.uuid4().hex
+
+        async def on_batch(batch: EventBatch, message: Delivery) -> None:
+            if message.headers.get(GOVERNOR_HEADER) == self.id:
+                if message.headers.get(MARKER_HEADER) == marker:
+                    caught_up.set()
+                return  # our own releases: already counted
+            for event in batch.events:
+                self._wake(self.core.on_released(event))
+
+        await self.broker.consume(
+            topology.released_log,
+            EventBatch,
+            on_batch,
+            stage="governor",
+            prefetch=500,
+            dead_letter=False,
+            arguments={"x-stream-offset": datetime.datetime.fromtimestamp(since, datetime.UTC)},
+        )
+        await self.broker.publish(
+            topology.events,
+            "released",
+            EventBatch(events=[]),
+            headers={GOVERNOR_HEADER: self.id, MARKER_HEADER: marker},
+        )
+        try:
+            await asyncio.wait_for(caught_up.wait(), CATCH_UP_LIMIT)
+        except TimeoutError:
+            log.warning("the released log was not read to its end in %.0f s; releasing anyway", CATCH_UP_LIMIT)
 
     def _on_rescued(self, rescued: Rescued) -> None:
         self.incarnations[rescued.task_id] = max(rescued.incarnation, self.incarnations.get(rescued.task_id, 0))
@@ -324,32 +373,24 @@ class Governor(Service):
         return task.incarnation < self.incarnations.get(task.id, 0)
 
     def _wake(self, key: str | None, robots: bool = False) -> None:
-        if key is None:
-            return
-        ks = self.core.keys.get(key)
-        if ks is None:
-            return
-        for domain in ks.queues:
-            state = self.domains.get(domain)
-            if state is None:
-                continue
-            state.changed.set()
-            if robots and state.resume_on_robots and state.resume is not None:
-                state.resume.cancel()
-                state.resume = None
-                self._spawn(self._resume(domain, state))
+        """Something changed for this domain key: its domains are due now."""
+        if key is not None:
+            ks = self.core.keys.get(key)
+            now = time.time()
+            for domain in ks.queues if ks is not None else ():
+                line = self.lines.get(domain)
+                if line is None:
+                    continue
+                if robots and line.blocked_until > now:
+                    line.blocked_until = 0.0  # robots.txt answered: what comes next may go
+                if line.held_count():
+                    self._schedule(domain, line, now)
+        self._kick()
 
-    def _free_capacity(self) -> int:
-        core = self.core
-        now = time.time()
-        free = core.capacity.total(now) - core.leases.total
-        return min(free, core.config.max_ready - core.ready_depth - core.released_since_look)
+    def _kick(self) -> None:
+        self._kicked.set()
 
-    def _notify_gate(self) -> None:
-        if len(self.gate):
-            self.gate.notify(self._free_capacity())
-
-    async def _answer_status(self, reply_to: str, correlation_id: str | None) -> None:
+    async def _answer_status(self, reply_to: str, correlation_id: str | None, _request: bytes) -> None:
         core = self.core
         now = time.time()
         answer = GovernorStatus(
@@ -358,97 +399,338 @@ class Governor(Service):
             capacity=core.capacity.total(now),
             fetchers=core.capacity.live(now),
             in_flight=core.leases.total,
-            domains=core.snapshot(),
+            domains=self._rows(now),
         )
         with contextlib.suppress(PublishFailed):
             await self.broker.publish(
                 "", reply_to, answer, mandatory=False, correlation_id=correlation_id, persistent=False
             )
 
-    # -- domains -------------------------------------------------------------------
+    def _rows(self, now: float) -> list[dict[str, Any]]:
+        rows = self.core.snapshot()
+        for row in rows:
+            line = self.lines.get(str(row["domain"]))
+            jobs = line.jobs.values() if line is not None else ()
+            oldest = min((h.since for j in jobs for h in j.held), default=now)
+            row["held"] = sum(len(j.held) for j in jobs)
+            row["parked"] = sum(j.parked for j in jobs)
+            row["jobs"] = len(line.jobs) if line is not None else 0
+            row["oldest_held"] = round(now - oldest, 3)
+        return rows
+
+    # -- jobs ------------------------------------------------------------------------
+
+    async def _read_jobs(self) -> None:
+        """Read the jobs stream whole (and keep reading it) before taking any task."""
+        heard = asyncio.Event()
+
+        async def on_record(record: JobControl, _: Delivery) -> None:
+            self._apply_job(record)
+            heard.set()
+
+        await self.broker.consume(
+            self.broker.topology.jobs,
+            JobControl,
+            on_record,
+            stage="governor",
+            prefetch=1000,
+            dead_letter=False,
+            arguments={"x-stream-offset": "first"},
+        )
+        while True:  # read to its end: no record for a moment
+            heard.clear()
+            try:
+                await asyncio.wait_for(heard.wait(), JOBS_QUIET)
+            except TimeoutError:
+                return
+
+    def _apply_job(self, record: JobControl) -> None:
+        job = self.jobs.setdefault(record.job, JobState())
+        if record.action == "weight":
+            if record.at >= job.weight_at and record.weight is not None:
+                job.weight, job.weight_at = record.weight, record.at
+            return
+        if record.at < job.state_at or job.state == "cancelled":
+            return  # an older record, or after a cancel (final)
+        before = job.state
+        job.state = {"pause": "paused", "resume": "running", "cancel": "cancelled"}[record.action]  # type: ignore[assignment]
+        job.state_at = record.at
+        if job.state == before:
+            return
+        log.info("job %s: %s", record.job, job.state)
+        if job.state != "running":
+            # Its held tasks let go: to the paused queue, or dead as cancelled.
+            for line in self.lines.values():
+                held_line = line.jobs.get(record.job)
+                if held_line is None:
+                    continue
+                for held in held_line.held:
+                    if job.state == "paused":
+                        let_go(held, "paused")
+                    else:
+                        let_go(held, "dead", ("cancelled", f"job {record.job} was cancelled"))
+                held_line.held.clear()
+        if before == "paused" or job.state == "cancelled":
+            self._sort_paused()
+
+    def _job(self, name: str) -> JobState:
+        return self.jobs.get(name) or JobState()
+
+    def _sort_paused(self) -> None:
+        """Sort `frontier.paused` through once (again if asked meanwhile)."""
+        if self._sorting is not None and not self._sorting.done():
+            self._sort_again = True
+            return
+        self._sorting = asyncio.get_running_loop().create_task(self._sort_paused_queue())
+
+    async def _sort_paused_queue(self) -> None:
+        """Each task in the paused queue goes back to the frontier unless its job is still
+        paused (then to the queue's end); a cancelled job's go too, to end dead there.
+        Bounded by the depth read first; several governors may sort at once."""
+        topology = self.broker.topology
+        while True:
+            self._sort_again = False
+            channel = await self.broker.raw_channel()
+            try:
+                declared = await channel.queue_declare(topology.paused, passive=True)
+                depth = declared.message_count or 0
+                for _ in range(depth):
+                    got = await channel.basic_get(topology.paused, no_ack=False)
+                    if got.delivery_tag is None:
+                        break
+                    try:
+                        task = decode(got.body, Task)
+                        still = self._job(task.job).state == "paused"
+                        exchange, key = (
+                            ("", topology.paused) if still else (topology.frontier, topology.shard_key(task.domain))
+                        )
+                    except DecodeError:  # the shard's consumer dead-letters it as undecodable
+                        exchange, key = topology.frontier, "s.0"
+                    await self.broker.forward(exchange, key, got.body, copy_properties(got.header.properties))
+                    await channel.basic_ack(got.delivery_tag)
+            except (PublishFailed, aiormq.exceptions.AMQPError, ConnectionError) as exc:
+                log.warning("sorting the paused queue stopped: %s; tried again shortly", exc)
+                await asyncio.sleep(1.0)
+                self._sort_again = True
+            finally:
+                with contextlib.suppress(Exception):
+                    await channel.close()
+            if not self._sort_again or self.stopping.is_set():
+                return
+
+    # -- the frontier ------------------------------------------------------------------
 
     async def _on_unrouted(self, task: Task, message: Delivery) -> None:
-        # The task names its domain; a routing key may be a hashed form (hutch.domains).
-        domain = task.domain
+        """A task under a key no shard is bound to (an older topology's, or another shard
+        count's): published again under its shard's key."""
         topology = self.broker.topology
-        known = domain in self.domains
-        channel = await self.broker.channel()
-        try:
-            queue = await declare_queue(channel, topology.domain_queue(domain))
-            found = queue.declaration_result
-        finally:
-            await channel.close()
-        if not known and not message.crashes and not found.message_count and not found.consumer_count:
-            # A queue that did not exist: no governor can have released from it yet.
-            self.core.created(domain)
-        await self.broker.publish("", topology.domains, DomainRecord(domain=domain))
-        await self._watch(domain)
-        # Published again through the frontier, it now routes to its own queue. New headers:
-        # any x-death history from a delay tier is dropped; the attempt count is in the task.
-        await self.broker.publish(topology.frontier, routing_key(domain), task)
+        await self.broker.publish(topology.frontier, topology.shard_key(task.domain), task)
 
-    async def _on_domain_record(self, record: DomainRecord, _: Delivery) -> None:
-        await self._watch(record.domain)
+    def _line(self, domain: str) -> DomainLine:
+        line = self.lines.get(domain)
+        if line is None:
+            line = self.lines[domain] = DomainLine()
+            self.core.queue(domain)
+        return line
 
-    async def _watch(self, domain: str) -> None:
-        """Consume this domain's queue, once per governor."""
-        if self.stopping.is_set() or domain in self.domains:
-            return
-        state = self.domains[domain] = DomainState()
-        self.core.queue(domain)
-        log.debug("governing domain %s", domain)
-        await self._resume(domain, state)  # on failure, tried again until it runs
+    def _share(self, domain: str, line: DomainLine, job: str) -> float:
+        """This job's share of the domain's rate (tasks per second), by the weights of the
+        jobs the domain has work of."""
+        rate = self.core.key_state(self.core.key_of(domain)).aimd.rate
+        weights = sum(self._job(name).weight for name, jl in line.jobs.items() if name == job or jl.held or jl.parked)
+        return rate * self._job(job).weight / max(weights, 1e-9)
 
-    async def _consume_domain(self, domain: str, state: DomainState) -> None:
-        async def on_task(task: Task, message: Delivery) -> None:
-            await self._on_task(domain, task, message)
+    def _hold_limit(self, domain: str, line: DomainLine, job: str) -> int:
+        wanted = self._share(domain, line, job) * self.settings.hold_horizon
+        return max(1, min(MAX_HELD_PER_JOB, math.ceil(wanted)))
 
-        # Declaring, binding and consuming are three round trips, one at a time on a channel:
-        # the domains are spread over a few channels so that thousands start in seconds.
-        channel = self.domain_channels[zlib.crc32(domain.encode()) % len(self.domain_channels)]
-        state.consumer = await self.broker.consume(
-            self.broker.topology.domain_queue(domain),
-            Task,
-            on_task,
-            stage="governor",
-            channel=channel,
-            max_crashes=DOMAIN_MAX_CRASHES,
-            declare=not state.declared,
+    def _park_delay(self, domain: str, line: DomainLine, job: str, now: float) -> float:
+        jl = line.jobs[job]
+        ahead = len(jl.held) + jl.parked
+        delay = ahead / max(self._share(domain, line, job), 1e-6)
+        return max(delay, line.blocked_until - now)
+
+    def _tier_at_most(self, wanted: float) -> float:
+        """The longest delay tier not longer than `wanted` (the shortest if none is)."""
+        delays = self.broker.topology.retry_delays
+        fitting = [d for d in delays if d <= wanted]
+        return fitting[-1] if fitting else delays[0]
+
+    async def _park(self, task: Task, line: DomainLine, job: JobLine, delay: float) -> None:
+        topology = self.broker.topology
+        tier = self._tier_at_most(delay)
+        await self.broker.publish(
+            topology.tier_exchange(tier), topology.shard_key(task.domain), task, headers={PARKED_HEADER: 1}
         )
-        state.declared = True
+        job.parked += 1
+        self._parks += 1
 
-    async def _resume(self, domain: str, state: DomainState) -> None:
-        if self.stopping.is_set() or state.consumer is not None:
+    async def _to_paused(self, task: Task) -> None:
+        await self.broker.publish("", self.broker.topology.paused, task)
+
+    async def _on_task(self, task: Task, message: Delivery) -> None:
+        if self.stopping.is_set():
+            raise Requeue("stopping", backoff=False)
+        if self._stale(task):  # rescued meanwhile: the new copy is in the frontier
+            log.info("dropping stale copy %d of rescued task %s", task.incarnation, task.id)
             return
+        domain = task.domain
+        line = self._line(domain)
+        now = time.time()
+        line.touched = now
+        jl = line.jobs.get(task.job)
+        if jl is None:
+            jl = line.jobs[task.job] = JobLine(served=min((j.served for j in line.jobs.values()), default=0.0))
+        if message.headers.get(PARKED_HEADER):
+            jl.parked = max(0, jl.parked - 1)
+        state = self._job(task.job).state
+        if state == "cancelled":
+            raise Dead("cancelled", f"job {task.job} was cancelled", task)
+        if state == "paused":
+            await self._to_paused(task)
+            return
+        if line.blocked_until > now or len(jl.held) >= self._hold_limit(domain, line, task.job):
+            await self._park(task, line, jl, self._park_delay(domain, line, task.job, now))
+            return
+        self.core.activate(domain)
+        held = Held(task, message, now, asyncio.get_running_loop().create_future())
+        jl.held.append(held)
+        if not line.scheduled:
+            self._schedule(domain, line, now)
+        self._kick()
         try:
-            await self._consume_domain(domain, state)
-        except Exception as exc:  # the channel is reconnecting: try again shortly
-            log.warning("could not resume domain %s: %s", domain, exc)
-            self._pause(domain, SHORT_PAUSE)
+            action, value = await held.decided
+        finally:
+            if not held.decided.done():  # cancelled (shutdown): no longer held
+                with contextlib.suppress(ValueError):
+                    jl.held.remove(held)
+        if action == "release":
+            await self._publish_release(value, domain)
+        elif action == "park":
+            await self._park(task, line, jl, value)
+        elif action == "paused":
+            await self._to_paused(task)
+        elif action == "dead":
+            raise Dead(value[0], value[1], task)
+        elif action == "return":
+            raise Requeue(str(value), backoff=False)
 
-    def _pause(self, domain: str, seconds: float, on_robots: bool = False) -> None:
-        """Stop consuming a domain for `seconds`; its held task has been returned."""
-        state = self.domains[domain]
-        if state.resume is not None:
+    def _schedule(self, domain: str, line: DomainLine, at: float) -> None:
+        line.seq = next(self._seq)
+        line.scheduled = True
+        heapq.heappush(self._heap, (at, line.seq, domain))
+
+    def _next_held(self, line: DomainLine) -> tuple[str, JobLine, Held] | None:
+        """The held task of the job with the least service per weight; drops what a closed
+        channel has returned to the broker already."""
+        best: tuple[float, str, JobLine] | None = None
+        for name, jl in line.jobs.items():
+            while jl.held and (jl.held[0].message.channel_closed or jl.held[0].decided.done()):
+                let_go(jl.held.popleft(), "drop")
+            if jl.held and (best is None or jl.served < best[0]):
+                best = (jl.served, name, jl)
+        if best is None:
+            return None
+        return best[1], best[2], best[2].held[0]
+
+    async def _dispatch(self) -> None:
+        while True:
+            try:
+                timeout = self._dispatch_due()
+            except Exception:  # never let the dispatcher die: every held task would wait
+                log.exception("dispatching failed")
+                timeout = TICK
+            self._kicked.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._kicked.wait(), timeout)
+
+    def _dispatch_due(self) -> float | None:
+        """Decide for every domain due now; seconds until the next one is due (None: none is)."""
+        heap = self._heap
+        now = time.time()
+        decided = 0
+        while heap and heap[0][0] <= now:
+            due, seq, domain = heap[0]
+            line = self.lines.get(domain)
+            if line is None or line.seq != seq:
+                heapq.heappop(heap)
+                continue
+            if self._decide(domain, line, due, now) == "gate":
+                return TICK  # the fleet is full: the order stands until capacity comes back
+            decided += 1
+            if decided >= DISPATCH_SLICE:
+                return 0.0
+        return max(heap[0][0] - now, 0.0) if heap else None
+
+    def _decide(self, domain: str, line: DomainLine, due: float, now: float) -> str:
+        core = self.core
+        heapq.heappop(self._heap)
+        line.scheduled = False
+        picked = self._next_held(line)
+        if picked is None:
+            return "empty"
+        job_name, jl, held = picked
+        verdict = core.check(held.task, domain)
+        if verdict.action == "release":
+            if verdict.robots is not None:
+                # robots.txt first: it takes this domain's token; the page waits for it.
+                robots = core.commit(core.robots_task(verdict.robots, domain), domain)
+                self._spawn(self._publish_release(robots, domain, quiet=True))
+            else:
+                jl.held.popleft()
+                jl.served += 1.0 / self._job(job_name).weight
+                let_go(held, "release", core.commit(held.task, domain))
+            self._schedule(domain, line, now)
+            return "release"
+        if verdict.action in ("dead", "drop"):
+            jl.held.popleft()
+            if verdict.action == "dead":
+                let_go(held, "dead", ("robots", verdict.why))
+            else:
+                let_go(held, "drop")
+            self._schedule(domain, line, now)
+            return verdict.action
+        if verdict.gate:
+            self._schedule(domain, line, due)  # keeps its place in the order
+            return "gate"
+        wait = verdict.until - now
+        if wait > self.settings.max_hold:
+            # A long wait is not spent holding messages: every held task is parked for it.
+            line.blocked_until = verdict.until
+            for jl_each in line.jobs.values():
+                for each in jl_each.held:
+                    let_go(each, "park", wait)
+                jl_each.held.clear()
+            log.debug("domain %s waits %.1f s (%s): its tasks parked", domain, wait, verdict.why)
+            return "parked"
+        self._schedule(domain, line, verdict.until)
+        return "wait"
+
+    async def _publish_release(self, task: Task, domain: str, quiet: bool = False) -> None:
+        assert task.permit is not None
+        event = Event(
+            kind="released",
+            task_id=task.id,
+            job=task.job,
+            domain=domain,
+            attempt=task.attempts,
+            permit_id=task.permit.id,
+            at=task.permit.issued,
+            incarnation=task.incarnation,
+        )
+        try:
+            await next(self._publisher).publish(self.broker.topology.work, "fetch.ready", task)
+        except BaseException as exc:
+            self.core.rollback(task)
+            if not quiet:
+                raise
+            log.warning("releasing %s failed: %s", task.url, exc)
             return
-        consumer, state.consumer = state.consumer, None
-        if consumer is not None:
-            self._spawn(consumer.cancel())
-            # Broker keeps every consumer it started (to cancel them at shutdown); a domain is
-            # consumed afresh after each pause, so forget the cancelled one or the list grows
-            # for as long as the governor runs.
-            with contextlib.suppress(ValueError):
-                self.broker._consumers.remove(consumer)
-        self.core.deactivate(domain)
-        state.resume_on_robots = on_robots
+        self._releases.append(event)
+        if len(self._releases) >= RELEASE_BATCH:
+            self._spawn(self._flush_releases())
 
-        def resume() -> None:
-            state.resume = None
-            self._spawn(self._resume(domain, state))
-
-        state.resume = asyncio.get_running_loop().call_later(max(seconds, 0.05), resume)
-
-    # -- release -------------------------------------------------------------------
+    # -- housekeeping ------------------------------------------------------------------
 
     async def _poll_ready_depth(self) -> None:
         channel = await self.broker.channel()
@@ -461,110 +743,55 @@ class Governor(Service):
             else:  # reconnecting: keep the last figure
                 with contextlib.suppress(Exception):
                     channel = await self.broker.channel()
-            self._notify_gate()
+            self._kick()
             await asyncio.sleep(READY_POLL)
 
     async def _tick(self) -> None:
+        sweeps = 0
         while True:
             await asyncio.sleep(TICK)
             for key in self.core.expire():
                 self._wake(key)
-            self._notify_gate()
+            self._kick()
+            sweeps += 1
+            if sweeps % 10 == 0:
+                self._sweep(time.time())
+
+    def _sweep(self, now: float) -> None:
+        """Park what waited too long for capacity; forget domains idle for `domain_idle`."""
+        idle_after = self.settings.domain_idle
+        for domain, line in list(self.lines.items()):
+            for jl in line.jobs.values():
+                while jl.held and now - jl.held[0].since > LONG_HOLD:
+                    let_go(jl.held.popleft(), "park", self.broker.topology.retry_delays[0])
+            for name in [name for name, jl in line.jobs.items() if not jl.held and not jl.parked]:
+                del line.jobs[name]  # done here (or its parked estimate ran out)
+            if line.held_count() or now - line.touched < idle_after or not self.core.idle(domain):
+                continue
+            del self.lines[domain]
+            self.core.forget(domain)
 
     async def _report(self, every: float = 10.0) -> None:
         """One log line now and then: how fast permits go out and what holds the rest back."""
-        last = 0
+        last = parks = 0
         while True:
             await asyncio.sleep(every)
             released = sum(ks.released for ks in self.core.keys.values())
-            paused = sum(1 for state in self.domains.values() if state.resume is not None)
             lag_sum, lag_n = self._lag
             self._lag = [0.0, 0]
+            held = sum(line.held_count() for line in self.lines.values())
             log.info(
-                "%.0f permits/s; %d domains, %d returned for now, %d waiting for fetchers; "
-                "%d in flight of %d; outcomes heard %.0f ms after the fact",
-                (released - last) / every,
-                len(self.domains),
-                paused,
-                len(self.gate),
+                "%.0f permits/s; %d domains, %d tasks held, %.0f parked/s; %d in flight of %d; "
+                "outcomes heard %.0f ms after the fact",
+                max(released - last, 0) / every,
+                len(self.lines),
+                held,
+                (self._parks - parks) / every,
                 self.core.leases.total,
                 self.core.capacity.total(time.time()),
                 1000 * lag_sum / lag_n if lag_n else 0.0,
             )
-            last = released
-
-    async def _on_task(self, domain: str, task: Task, message: Delivery) -> None:
-        core = self.core
-        state = self.domains[domain]
-        core.activate(domain)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.settings.max_hold
-        served = False  # our turn came at the capacity gate
-        while True:
-            if self.stopping.is_set():
-                raise Requeue("stopping", backoff=False)
-            if self._stale(task):  # rescued meanwhile: the new copy is in the queue
-                log.info("dropping stale copy %d of rescued task %s", task.incarnation, task.id)
-                return
-            verdict = core.check(task, domain)
-            if verdict.action == "release" and not served and len(self.gate):
-                # Others wait for capacity already: take a place behind them.
-                verdict = Verdict("wait", time.time() + SHORT_PAUSE, "fetchers busy", gate=True)
-            if verdict.action == "release":
-                if verdict.robots is not None:
-                    # robots.txt first: it takes this domain's token; the page waits for it.
-                    await self._release(core.robots_task(verdict.robots, domain), domain)
-                    continue
-                await self._release(task, domain)
-                return
-            if verdict.action == "drop":
-                return
-            if verdict.action == "dead":
-                raise Dead("robots", verdict.why, task)
-            remaining = deadline - loop.time()
-            if verdict.gate:
-                # Waiting for the fetchers is no pause: hold longer than max_hold (still far
-                # below consumer_timeout) rather than have every domain return its task and
-                # subscribe again each few seconds while the fleet is busy.
-                remaining += CAPACITY_HOLD - self.settings.max_hold
-                if remaining > 0 and await self.gate.wait(remaining):
-                    served = True
-                    continue
-                self._pause(domain, SHORT_PAUSE)
-                raise Requeue("fetchers busy", backoff=False)
-            wait = verdict.until - time.time()
-            if wait > remaining:
-                soft = verdict.why.endswith("in flight")
-                robots = verdict.why.startswith(("fetching robots", "robots"))
-                self._pause(domain, SHORT_PAUSE if soft else wait, on_robots=robots)
-                raise Requeue(verdict.why, backoff=False)
-            state.changed.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(state.changed.wait(), max(wait, 0.0))
-
-    async def _release(self, task: Task, domain: str) -> None:
-        task = self.core.commit(task, domain)
-        assert task.permit is not None
-        topology = self.broker.topology
-        publisher = next(self._publisher)
-        event = Event(
-            kind="released",
-            task_id=task.id,
-            job=task.job,
-            domain=domain,
-            attempt=task.attempts,
-            permit_id=task.permit.id,
-            at=task.permit.issued,
-            incarnation=task.incarnation,
-        )
-        try:
-            await publisher.publish(topology.work, "fetch.ready", task)
-        except BaseException:
-            self.core.rollback(task)
-            raise
-        self._releases.append(event)
-        if len(self._releases) >= RELEASE_BATCH:
-            self._spawn(self._flush_releases())
+            last, parks = released, self._parks
 
     async def _flush_releases_every(self, seconds: float) -> None:
         while True:

@@ -2,22 +2,19 @@
 
 `Core` holds every per-domain fact the governor acts on, all rebuilt from events after a
 restart: the token bucket and adaptive rate of each domain key, its pause, its in-flight
-leases, the robots.txt cache, the fetchers' capacity, and for each domain queue whether
+leases, the robots.txt cache, the fetchers' capacity, and for each domain whether
 this governor may release from it yet (takeover). `check` answers for one held task;
 `commit` records a release the caller is about to publish; the `on_*` methods take the
 events every governor hears. The clock is injected (wall-clock seconds, as in permits and
 events), so every rule is tested with a fake one.
 
-Takeover rule. A governor that starts releasing a domain queue (its first message since it
-subscribed) waits until no permit issued by anyone else can still be used:
-
-- one permit lifetime after the last release by another governor that it heard of;
-- and, while the governor itself is younger than one permit lifetime (a restart, a fresh
-  standby), one permit lifetime after its own start, since releases before it started went
-  unheard. Exempt: a domain this governor created itself from `frontier.unrouted` (the queue
-  was new and empty, no one can have released from it).
-
-A brand-new domain is therefore released at once, and a takeover or a restart never bursts.
+Takeover rule. A governor that starts releasing a domain (its first task since it last
+forgot the domain) waits until no permit another governor issued for it can still be used:
+one permit lifetime after the last release by another governor that it heard of. It hears
+of them live, and at start it reads the releases of the last permit lifetimes from the
+`released.log` stream before it releases anything, so a restart or a new standby knows
+what the fleet has in flight and never bursts; a domain no one released lately is released
+at once.
 """
 
 from __future__ import annotations
@@ -59,9 +56,8 @@ class KeyState:
 
 @dataclass
 class QueueState:
-    """This governor's view of one domain queue."""
+    """This governor's view of one domain."""
 
-    created_here: bool = False
     last_foreign_release: float = NEVER
     active: bool = False
     cold_until: float = 0.0
@@ -151,10 +147,6 @@ class Core:
             self.key_state(self.key_of(domain)).queues.add(domain)
         return state
 
-    def created(self, domain: str) -> None:
-        """This governor created the domain's queue: it was new and empty."""
-        self.queue(domain).created_here = True
-
     @property
     def lease_extra(self) -> float:
         return self.config.fetch_deadline
@@ -163,11 +155,7 @@ class Core:
 
     def takeover_until(self, domain: str) -> float:
         q = self.queue(domain)
-        ttl = self.config.permit_ttl
-        until = q.last_foreign_release + ttl
-        if not q.created_here:
-            until = max(until, self.started + ttl)
-        return until
+        return q.last_foreign_release + self.config.permit_ttl
 
     def activate(self, domain: str) -> float:
         """A message of this queue reached us: if we were not releasing it, this is a takeover."""
@@ -178,6 +166,25 @@ class Core:
             if q.cold_until > self.clock():
                 self.key_state(self.key_of(domain)).bucket.empty()
         return q.cold_until
+
+    def idle(self, domain: str) -> bool:
+        """Nothing of this domain's key is in flight or paused: forgetting it loses nothing
+        but its adaptive rate (which starts again from the limit)."""
+        key = self.key_of(domain)
+        ks = self.keys.get(key)
+        if ks is None:
+            return True
+        return self.leases.count(key) == 0 and ks.paused_until <= self.clock()
+
+    def forget(self, domain: str) -> None:
+        """Drop this domain's state (an idle domain costs nothing); its key's when it was the last."""
+        self.queues.pop(domain, None)
+        key = self.key_of(domain)
+        ks = self.keys.get(key)
+        if ks is not None:
+            ks.queues.discard(domain)
+            if not ks.queues and self.leases.count(key) == 0 and ks.paused_until <= self.clock():
+                del self.keys[key]
 
     def deactivate(self, domain: str) -> None:
         """We stopped consuming this queue (a pause); another governor may release it meanwhile."""

@@ -59,7 +59,6 @@ def released_by(governor: str, n: int, domain: str, clock: FakeClock) -> Event:
 
 
 def new_domain(core: Core, domain: str = D) -> None:
-    core.created(domain)
     core.activate(domain)
 
 
@@ -239,9 +238,11 @@ def test_the_echo_of_our_own_release_is_not_counted_again(clock: FakeClock) -> N
     assert core.leases.total == 1
 
 
-def test_a_restarted_governor_waits_one_permit_lifetime_on_a_domain_it_finds(clock: FakeClock) -> None:
+def test_a_restarted_governor_waits_one_permit_lifetime_after_a_release_it_read_in_the_log(
+    clock: FakeClock,
+) -> None:
     core = make_core(clock)
-    core.queue(D)  # known from the domain registry, not created here
+    core.on_released(released_by("gov-before-restart", 1, D, clock))  # read back from released.log
     assert core.activate(D) == pytest.approx(clock.now + 30.0)
     clock.advance(29.0)
     verdict = core.check(task(), D)
@@ -250,9 +251,8 @@ def test_a_restarted_governor_waits_one_permit_lifetime_on_a_domain_it_finds(clo
     assert core.check(task(), D).action == "release"
 
 
-def test_a_brand_new_domain_needs_no_takeover_wait(clock: FakeClock) -> None:
+def test_a_domain_no_one_released_lately_needs_no_takeover_wait(clock: FakeClock) -> None:
     core = make_core(clock)
-    core.created(D)
     assert core.activate(D) <= clock.now
 
 
@@ -281,7 +281,8 @@ def test_a_domain_is_activated_once_until_its_consumer_is_paused(clock: FakeCloc
     clock.advance(5)
     assert core.activate(D) == first
     core.deactivate(D)
-    assert core.activate(D) == first  # still within the governor's first permit lifetime
+    core.on_released(released_by("gov-b", 1, D, clock))
+    assert core.activate(D) == pytest.approx(clock.now + 30.0)  # anew: another governor released it
 
 
 # -- robots.txt -------------------------------------------------------------------------------

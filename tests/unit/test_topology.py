@@ -192,14 +192,14 @@ def test_classic_queues_other_than_tiers_have_no_dead_letter_target(classic: Top
 
 def test_classic_queues_declare_their_type(classic: Topology) -> None:
     for q in classic.queues:
-        if q.name != classic.domains:
+        if q.arguments["x-queue-type"] != "stream":
             assert q.arguments["x-queue-type"] == "classic", q.name
     assert classic.domain_queue("a.example").arguments["x-queue-type"] == "classic"
 
 
 def test_quorum_queues_declare_their_type(quorum: Topology) -> None:
     for q in quorum.queues:
-        if q.name != quorum.domains:
+        if q.arguments["x-queue-type"] != "stream":
             assert q.arguments["x-queue-type"] == "quorum", q.name
     assert quorum.domain_queue("a.example").arguments["x-queue-type"] == "quorum"
 
@@ -339,10 +339,25 @@ def test_the_proxy_manager_hears_every_outcome_on_a_durable_queue(classic: Topol
     assert "x-expires" not in spec.arguments
 
 
-def test_the_domain_registry_is_a_size_capped_stream_whatever_the_queue_type(quorum: Topology) -> None:
-    args = quorum.queue(quorum.domains).arguments
-    assert args["x-queue-type"] == "stream"
-    assert args["x-max-length-bytes"] > 0
+def test_the_jobs_and_released_logs_are_size_capped_streams_whatever_the_queue_type(quorum: Topology) -> None:
+    for name in (quorum.jobs, quorum.released_log):
+        args = quorum.queue(name).arguments
+        assert args["x-queue-type"] == "stream"
+        assert args["x-max-length-bytes"] > 0
+    assert ("acme.v3.events", "released") in quorum.queue(quorum.released_log).bindings
+
+
+def test_the_frontier_is_a_fixed_number_of_shards_whatever_the_domains() -> None:
+    topology = Topology("acme", "quorum", DELAYS, shards=8)
+    shards = [q for q in topology.queues if q.name.startswith("acme.v3.frontier.s.")]
+    assert [q.name for q in shards] == [f"acme.v3.frontier.s.{n}" for n in range(8)]
+    for q in shards:
+        assert q.arguments["x-single-active-consumer"] is True
+        assert q.arguments["x-delivery-limit"] > 0
+        assert q.bindings == (("acme.v3.frontier", q.name.removeprefix("acme.v3.frontier.")),)
+    keys = {topology.shard_key(f"site{n}.example") for n in range(1000)}
+    assert keys == {f"s.{n}" for n in range(8)}  # every shard gets domains
+    assert topology.shard_key("a.example") == topology.shard_key("a.example")
 
 
 def test_every_binding_names_an_exchange_of_the_topology(quorum: Topology) -> None:
