@@ -754,14 +754,19 @@ class Governor(Service):
                 self._wake(key)
             self._kick()
             sweeps += 1
-            if sweeps % 10 == 0:
+            if sweeps % 50 == 0:
                 self._sweep(time.time())
 
     def _sweep(self, now: float) -> None:
-        """Park what waited too long for capacity; forget domains idle for `domain_idle`."""
+        """Let go of what a closed channel returned, park what waited too long for capacity;
+        forget domains idle for `domain_idle` (those only heard of from others' releases too)."""
         idle_after = self.settings.domain_idle
         for domain, line in list(self.lines.items()):
             for jl in line.jobs.values():
+                if any(h.message.channel_closed for h in jl.held):
+                    for gone in [h for h in jl.held if h.message.channel_closed]:
+                        jl.held.remove(gone)
+                        let_go(gone, "drop")  # the broker has given it to a consumer again
                 while jl.held and now - jl.held[0].since > LONG_HOLD:
                     let_go(jl.held.popleft(), "park", self.broker.topology.retry_delays[0])
             for name in [name for name, jl in line.jobs.items() if not jl.held and not jl.parked]:
@@ -770,6 +775,9 @@ class Governor(Service):
                 continue
             del self.lines[domain]
             self.core.forget(domain)
+        for domain in [d for d, q in self.core.queues.items() if d not in self.lines]:
+            if now - self.core.queues[domain].last_foreign_release > idle_after and self.core.idle(domain):
+                self.core.forget(domain)
 
     async def _report(self, every: float = 10.0) -> None:
         """One log line now and then: how fast permits go out and what holds the rest back."""
