@@ -34,6 +34,7 @@ from hutch.services.control.jobs import (
     check_weight,
     control_record,
     known_job,
+    note_control,
 )
 from hutch.services.control.submit import (
     JobNameError,
@@ -387,10 +388,12 @@ def job_json(row: JobCounts, costs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 async def control_job(settings: Settings, job: str, action: Action, weight: float | None = None) -> None:
-    """Check what the store can tell, then append the record to the `jobs` stream (confirmed)."""
+    """Check what the store can tell, append the record to the `jobs` stream (confirmed), then
+    record it in the store here, so `hutch status` and the next command see it at once."""
     try:
         record = control_record(job, action, weight)
-        check_control(job, action, known_job(settings.store_location, job))
+        known = known_job(settings.store_location, job)
+        check_control(job, action, known)
     except (JobNameError, JobControlError) as exc:
         raise UserError(str(exc)) from None
     broker = await _connect(settings)
@@ -398,6 +401,8 @@ async def control_job(settings: Settings, job: str, action: Action, weight: floa
         await append_control(broker, record)
     finally:
         await broker.close()
+    if known is not None:  # the storer records it too; the same record changes nothing twice
+        note_control(settings.store_location, record)
 
 
 _DONE = {"pause": "paused", "resume": "resumed", "cancel": "cancelled", "weight": "weighted"}

@@ -9,7 +9,10 @@ publisher confirm, so a command that returns 0 has its record on the stream.
 What the store can tell is checked first: a job it does not know is refused (a typo would
 otherwise pause nothing, silently), and so is pausing or resuming a job already cancelled
 (its tasks are dead or going dead; a later record would not bring them back). Where the
-store is not on this machine the check is skipped and the record goes out as asked.
+store is not on this machine the check is skipped and the record goes out as asked. Where it
+is, the command records the new state there itself once the broker confirmed the record (the
+storer does the same when it reads it: applying a record twice changes nothing), so the
+next command and `hutch status` see it at once.
 """
 
 from __future__ import annotations
@@ -71,6 +74,15 @@ def known_job(store_location: str, job: str) -> Known | None:
     finally:
         store.close()
     return Known(False) if found is None else Known(True, found[0], found[1])
+
+
+def note_control(store_location: str, control: JobControl) -> None:
+    """Record `control` in the store here, as the storer will when it reads it from the stream."""
+    store = Store(store_location)
+    try:
+        store.apply_job_control(control)
+    finally:
+        store.close()
 
 
 def control_record(job: str, action: Action, weight: float | None = None) -> JobControl:

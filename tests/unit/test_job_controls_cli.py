@@ -154,7 +154,6 @@ def test_a_jobs_state_reads_as_a_word_with_its_weight_when_not_one() -> None:
     assert job_state_text(JobCounts("j", 4, 4, 0, 0, 0)) == "finished"
 
 
-
 def test_status_shows_each_jobs_state_and_its_json_carries_state_weight_and_finished(
     env: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
