@@ -129,6 +129,13 @@ def _job(given: str | None, urls_file: Path) -> str:
         raise UserError(str(exc)) from None
 
 
+def _not_cancelled(settings: Settings, job: str) -> None:
+    """Refuse to submit to a job the local store says is cancelled: its tasks would end dead."""
+    known = known_job(settings.store_location, job)
+    if known is not None and known.state == "cancelled":
+        raise UserError(f"job {job!r} is cancelled: its tasks would end dead at once; submit them as a new job")
+
+
 def _load_spec(path: str | None) -> Spec | None:
     if path is None:
         return None
@@ -236,6 +243,7 @@ async def cmd_submit(args: argparse.Namespace) -> int:
     settings = _settings()
     path = Path(args.urls_file)
     job = _job(args.job, path)
+    _not_cancelled(settings, job)
     spec = _load_spec(args.spec)
     _check_urls(path, args.skip_invalid, settings.max_url_bytes)
     broker = await _connect(settings)
@@ -572,6 +580,7 @@ async def cmd_run(args: argparse.Namespace) -> int:
         except PoolError as exc:
             raise UserError(str(exc)) from None
     job = _job(args.job, path)
+    _not_cancelled(settings, job)
     _check_urls(path, args.skip_invalid, settings.max_url_bytes)
     counts = await run_job(
         settings,

@@ -177,3 +177,18 @@ def test_status_shows_each_jobs_state_and_its_json_carries_state_weight_and_fini
         ("a", "paused", 1.0, False),
         ("b", "running", 4.0, False),
     ]
+
+
+@pytest.mark.parametrize("command", ["submit", "run"])
+def test_submitting_to_a_cancelled_job_is_refused(
+    command: str, env: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    store = Store(f"sqlite:///{env}")
+    store.add_job("gone", None)
+    store.apply_job_control(control_record("gone", "cancel"))
+    store.close()
+    urls = tmp_path / "urls.txt"
+    urls.write_text("http://a.example/\n")
+    code, err = run([command, str(urls), "--job", "gone"], capsys)
+    assert code == 2
+    assert "is cancelled" in err and "new job" in err
