@@ -61,12 +61,19 @@ def test_sorting_by_name_is_alphabetical() -> None:
     assert names(selected) == ["a.example", "b.example"]
 
 
-def test_a_row_without_the_sort_key_sorts_as_zero() -> None:
+def test_a_row_without_a_number_under_the_sort_key_sorts_as_zero() -> None:
     old = row("old.example")
     del old["held"]
     rows = [old, row("new.example", held=2), row("none.example", held=None)]
     selected, _ = select_domains(rows, StatusRequest())
     assert names(selected) == ["new.example", "none.example", "old.example"]
+    odd = [*rows, row("odd.example", held="many")]  # not a number: as 0 too
+    assert names(select_domains(odd, StatusRequest())[0]) == [
+        "new.example",
+        "none.example",
+        "odd.example",
+        "old.example",
+    ]
 
 
 def test_a_glob_filters_on_the_domain_case_insensitively_and_the_total_counts_all_rows() -> None:
