@@ -35,11 +35,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from hutch.models import DeadLetter, Event, Item, Task
+from hutch.models import DeadLetter, Event, Item, JobControl, Task
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 STATES = ("new", "queued", "in_flight", "retrying", "stored", "dead")
 TERMINAL = ("stored", "dead")
+JOB_STATES = ("running", "paused", "cancelled")
+# A job's state after each control record (a `weight` record leaves the state as it is).
+_JOB_STATE_OF = {"pause": "paused", "resume": "running", "cancel": "cancelled"}
 
 # Which states a task may enter each state from (a replay moves a dead task back to queued).
 _FROM = {
@@ -125,6 +128,14 @@ _SCHEMA = [
     ALTER TABLE tasks ADD COLUMN due_at REAL;
     CREATE INDEX tasks_watched ON tasks (due_at) WHERE due_at IS NOT NULL;
     """,
+    # version 4: each job's control state and weight, as the `jobs` stream last set them;
+    # `state_at` and `weight_at`: the `at` of the record that set each (the newest wins).
+    """
+    ALTER TABLE jobs ADD COLUMN state TEXT NOT NULL DEFAULT 'running';
+    ALTER TABLE jobs ADD COLUMN state_at REAL;
+    ALTER TABLE jobs ADD COLUMN weight REAL NOT NULL DEFAULT 1;
+    ALTER TABLE jobs ADD COLUMN weight_at REAL;
+    """,
 ]
 
 
@@ -175,6 +186,9 @@ class JobCounts:
     pending: int  # everything not stored and not dead (in flight included)
     stalled: int = 0  # dead because the reconciler rescued them too often (reason `stalled`)
     rescued: int = 0  # rescued by the reconciler at least once, whatever became of them
+    cancelled: int = 0  # dead because the job was cancelled (reason `cancelled`)
+    state: str = "running"  # one of JOB_STATES, as the `jobs` stream last set it
+    weight: float = 1.0  # its share of each domain's rate against other jobs there
 
     @property
     def done(self) -> bool:
@@ -273,6 +287,37 @@ class Store:
 
     def job_exists(self, name: str) -> bool:
         return self.db.execute("SELECT 1 FROM jobs WHERE name = ?", (name,)).fetchone() is not None
+
+    def job_state(self, name: str) -> tuple[str, float] | None:
+        """(state, weight) of a job, None for a job the store does not know."""
+        row = self.db.execute("SELECT state, weight FROM jobs WHERE name = ?", (name,)).fetchone()
+        return None if row is None else (str(row[0]), float(row[1]))
+
+    def apply_job_control(self, control: JobControl) -> None:
+        """Record a control record of the `jobs` stream: the newest per job (by `at`) wins.
+
+        Idempotent and order-free, so the storer may read the stream from its first record
+        after every start: a record older than the one that set the state (or the weight)
+        changes nothing, one of the same `at` is applied again (the stream's order decides,
+        as it does for the governors). A job this store has not seen (submitted against
+        another store) is recorded.
+        """
+        with self._tx():
+            self.db.execute(
+                "INSERT INTO jobs (name, spec, created_at) VALUES (?, NULL, ?) ON CONFLICT (name) DO NOTHING",
+                (control.job, time.time()),
+            )
+            if control.action == "weight":
+                self.db.execute(
+                    "UPDATE jobs SET weight = ?, weight_at = ? "
+                    "WHERE name = ? AND (weight_at IS NULL OR weight_at <= ?)",
+                    (control.weight or 1.0, control.at, control.job, control.at),
+                )
+                return
+            self.db.execute(
+                "UPDATE jobs SET state = ?, state_at = ? WHERE name = ? AND (state_at IS NULL OR state_at <= ?)",
+                (_JOB_STATE_OF[control.action], control.at, control.job, control.at),
+            )
 
     def add_tasks(self, rows: Iterable[tuple[str, str, str, str]], messages: dict[str, str] | None = None) -> list[str]:
         """Record (id, job, url, domain) rows; return the ids still waiting to be published.
@@ -559,7 +604,8 @@ class Store:
             "SELECT job, COUNT(*) AS total, "
             "SUM(state = 'stored') AS stored, SUM(state = 'dead') AS dead, "
             "SUM(state = 'in_flight') AS in_flight, "
-            "SUM(state = 'dead' AND last_outcome = 'stalled') AS stalled, SUM(rescues > 0) AS rescued "
+            "SUM(state = 'dead' AND last_outcome = 'stalled') AS stalled, SUM(rescues > 0) AS rescued, "
+            "SUM(state = 'dead' AND last_outcome = 'cancelled') AS cancelled "
             "FROM tasks "
         )
         params: tuple[str, ...] = ()
@@ -567,9 +613,13 @@ class Store:
             query += "WHERE job = ? "
             params = (job,)
         query += "GROUP BY job ORDER BY job"
+        controls = {
+            str(row[0]): (str(row[1]), float(row[2])) for row in self.db.execute("SELECT name, state, weight FROM jobs")
+        }
         result = []
         for row in self.db.execute(query, params):
             total, stored, dead = row["total"], row["stored"] or 0, row["dead"] or 0
+            state, weight = controls.get(row["job"], ("running", 1.0))
             result.append(
                 JobCounts(
                     row["job"],
@@ -580,10 +630,14 @@ class Store:
                     total - stored - dead,
                     row["stalled"] or 0,
                     row["rescued"] or 0,
+                    row["cancelled"] or 0,
+                    state,
+                    weight,
                 )
             )
-        if job is not None and not result and self.job_exists(job):
-            result.append(JobCounts(job, 0, 0, 0, 0, 0))
+        if job is not None and not result and job in controls:
+            state, weight = controls[job]
+            result.append(JobCounts(job, 0, 0, 0, 0, 0, state=state, weight=weight))
         return result
 
     def items(self, job: str) -> Iterator[dict[str, Any]]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import signal
@@ -27,6 +26,16 @@ from hutch.amqp import Broker, BrokerUnreachable, PublishFailed, queue_depth
 from hutch.models import Spec
 from hutch.services import SERVICES, service_class
 from hutch.services.control import dlq
+from hutch.services.control.jobs import (
+    Action,
+    JobControlError,
+    append_control,
+    check_control,
+    check_weight,
+    control_record,
+    known_job,
+    note_control,
+)
 from hutch.services.control.submit import (
     JobNameError,
     UrlFileError,
@@ -39,7 +48,15 @@ from hutch.services.control.submit import (
 from hutch.services.control.supervisor import Supervisor
 from hutch.services.control.terminal import json_text, shown
 from hutch.services.governor.limits import LimitsError, parse_rate_for
-from hutch.services.governor.status import domain_status
+from hutch.services.governor.status import (
+    DEFAULT_TOP,
+    MAX_PATTERN,
+    MAX_TOP,
+    SORT_KEYS,
+    DomainReport,
+    StatusRequest,
+    domain_report,
+)
 from hutch.services.parser.spec import SpecError, load_spec
 from hutch.services.proxy_manager.costs import cost_summary
 from hutch.services.proxy_manager.pool import TIERS, PoolError, load_pool
@@ -78,6 +95,30 @@ def _rate(text: str) -> float:
     return rate
 
 
+def _weight(text: str) -> float:
+    try:
+        return check_weight(float(text))
+    except ValueError as exc:
+        message = str(exc) if isinstance(exc, JobControlError) else f"expected a number, got {text!r}"
+        raise argparse.ArgumentTypeError(message) from None
+
+
+def _top(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if not 1 <= value <= MAX_TOP:
+        raise argparse.ArgumentTypeError(f"use 1 to {MAX_TOP} (narrow with --match for more)")
+    return value
+
+
+def _pattern(text: str) -> str:
+    if not text or len(text) > MAX_PATTERN:
+        raise argparse.ArgumentTypeError(f"a pattern of 1 to {MAX_PATTERN} characters")
+    return text
+
+
 def _job(given: str | None, urls_file: Path) -> str:
     """The job name: `--job` as given when valid, else one made from the file's name."""
     if given is None:
@@ -86,6 +127,13 @@ def _job(given: str | None, urls_file: Path) -> str:
         return check_job_name(given)
     except JobNameError as exc:
         raise UserError(str(exc)) from None
+
+
+def _not_cancelled(settings: Settings, job: str) -> None:
+    """Refuse to submit to a job the local store says is cancelled: its tasks would end dead."""
+    known = known_job(settings.store_location, job)
+    if known is not None and known.state == "cancelled":
+        raise UserError(f"job {job!r} is cancelled: its tasks would end dead at once; submit them as a new job")
 
 
 def _load_spec(path: str | None) -> Spec | None:
@@ -195,11 +243,14 @@ async def cmd_submit(args: argparse.Namespace) -> int:
     settings = _settings()
     path = Path(args.urls_file)
     job = _job(args.job, path)
+    _not_cancelled(settings, job)
     spec = _load_spec(args.spec)
     _check_urls(path, args.skip_invalid, settings.max_url_bytes)
     broker = await _connect(settings)
     store = await AsyncStore(settings.store_location).open()
     try:
+        if args.weight is not None:  # on the stream before any task of the job is out
+            await append_control(broker, control_record(job, "weight", args.weight))
         result = await submit(
             broker,
             store,
@@ -226,6 +277,8 @@ async def cmd_submit(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     if args.domains:
         return asyncio.run(cmd_domains(args))
+    if args.top is not None or args.sort is not None or args.match is not None or args.paused:
+        raise UserError("--top, --sort, --match and --paused go with --domains")
     settings = _settings()
     try:
         store = Store(settings.store_location)
@@ -242,16 +295,16 @@ def cmd_status(args: argparse.Namespace) -> int:
         by_job: dict[str, list[dict[str, Any]]] = {}
         for cost in costs:
             by_job.setdefault(cost["job"], []).append(cost)
-        print(json.dumps([{**row.__dict__, "costs": by_job.get(row.job, [])} for row in rows]))
+        print(json_text([job_json(row, by_job.get(row.job, [])) for row in rows]))
         return 0
     print(
-        f"{'job':<24} {'total':>8} {'stored':>8} {'dead':>8} {'pending':>8} {'in flight':>9} "
-        f"{'stalled':>8} {'rescued':>8}"
+        f"{'job':<24} {'state':<16} {'total':>8} {'stored':>8} {'dead':>8} {'cancelled':>9} {'pending':>8} "
+        f"{'in flight':>9} {'stalled':>8} {'rescued':>8}"
     )
     for row in rows:
         print(
-            f"{shown(row.job):<24} {row.total:>8} {row.stored:>8} {row.dead:>8} {row.pending:>8} "
-            f"{row.in_flight:>9} {row.stalled:>8} {row.rescued:>8}"
+            f"{shown(row.job):<24} {job_state_text(row):<16} {row.total:>8} {row.stored:>8} {row.dead:>8} "
+            f"{row.cancelled:>9} {row.pending:>8} {row.in_flight:>9} {row.stalled:>8} {row.rescued:>8}"
         )
     if costs:
         print()
@@ -264,27 +317,113 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def domain_request(args: argparse.Namespace) -> StatusRequest:
+    """The governors' query from `hutch status --domains` options."""
+    return StatusRequest(
+        top=args.top or DEFAULT_TOP, sort=args.sort or "held", match=args.match, paused_only=args.paused
+    )
+
+
+def _depth(value: int | None) -> str:
+    return "?" if value is None else str(value)
+
+
+def print_domains(report: DomainReport, request: StatusRequest) -> None:
+    frontier = report.frontier
+    print(
+        f"frontier: {_depth(frontier.waiting)} tasks waiting in {len(frontier.shards)} shards, "
+        f"{_depth(frontier.paused)} of paused jobs"
+    )
+    if not report.governors:
+        print("no governor answered (is one running in this namespace?)")
+        return
+    how = f"by {request.sort}" + (f", matching {shown(request.match)}" if request.match else "")
+    how += ", paused now only" if request.paused_only else ""
+    print(f"domains: {len(report.rows)} of {report.total} shown ({how})")
+    print(
+        f"{'domain':<32} {'rate/s':>7} {'ceiling':>7} {'paused s':>8} {'held':>7} {'parked':>7} "
+        f"{'in flight':>9} {'jobs':>5} {'released':>9} {'throttled':>9}"
+    )
+    for row in report.rows:
+        print(
+            f"{shown(row['domain']):<32} {row['rate']:>7.2f} {row['ceiling']:>7.2f} {row['paused_for']:>8.1f} "
+            f"{_depth(row.get('held')):>7} {_depth(row.get('parked')):>7} {row['in_flight']:>9} "
+            f"{_depth(row.get('jobs')):>5} {row.get('released', 0):>9} {row.get('throttled', 0):>9}"
+        )
+
+
+def domains_json(report: DomainReport) -> dict[str, Any]:
+    """`hutch status --domains --json`: one document, the selected rows whole."""
+    return {
+        "total_domains": report.total,
+        "governors": report.governors,
+        "frontier": {
+            "waiting": report.frontier.waiting,
+            "paused": report.frontier.paused,
+            "shards": report.frontier.shards,
+        },
+        "domains": report.rows,
+    }
+
+
 async def cmd_domains(args: argparse.Namespace) -> int:
-    """`hutch status --domains`: every domain's rate, pause and backlog, from the governors."""
+    """`hutch status --domains`: the top domains by rate, pause, held tasks, from the governors."""
     settings = _settings()
+    request = domain_request(args)
     broker = await _connect(settings)
     try:
-        rows = await domain_status(broker)
+        report = await domain_report(broker, request)
     finally:
         await broker.close()
     if args.json:
-        print(json.dumps(rows))
+        print(json_text(domains_json(report)))
         return 0
-    if not rows:
-        print("no governor answered (is one running in this namespace?)")
-        return 0
-    print(f"{'domain':<32} {'rate/s':>7} {'ceiling':>7} {'paused s':>8} {'backlog':>8} {'in flight':>9}")
-    for row in rows:
-        backlog = "?" if row.get("backlog") is None else str(row["backlog"])
-        print(
-            f"{shown(row['domain']):<32} {row['rate']:>7.2f} {row['ceiling']:>7.2f} {row['paused_for']:>8.1f} "
-            f"{backlog:>8} {row['in_flight']:>9}"
-        )
+    print_domains(report, request)
+    return 0
+
+
+def job_state_text(row: JobCounts) -> str:
+    """`running`, `paused` or `cancelled`, `finished` once nothing is pending, and the weight if not 1."""
+    text = row.state
+    if row.total and row.pending == 0:
+        text = "finished" if row.state == "running" else f"{row.state}, finished"
+    return text if row.weight == 1 else f"{text} w={row.weight:g}"
+
+
+def job_json(row: JobCounts, costs: list[dict[str, Any]]) -> dict[str, Any]:
+    """A job's row in `hutch status --json`: its counts, state, weight, whether it finished."""
+    return {**row.__dict__, "finished": row.total > 0 and row.pending == 0, "costs": costs}
+
+
+async def control_job(settings: Settings, job: str, action: Action, weight: float | None = None) -> None:
+    """Check what the store can tell, append the record to the `jobs` stream (confirmed), then
+    record it in the store here, so `hutch status` and the next command see it at once."""
+    try:
+        record = control_record(job, action, weight)
+        known = known_job(settings.store_location, job)
+        check_control(job, action, known)
+    except (JobNameError, JobControlError) as exc:
+        raise UserError(str(exc)) from None
+    broker = await _connect(settings)
+    try:
+        await append_control(broker, record)
+    finally:
+        await broker.close()
+    if known is not None:  # the storer records it too; the same record changes nothing twice
+        note_control(settings.store_location, record)
+
+
+_DONE = {"pause": "paused", "resume": "resumed", "cancel": "cancelled", "weight": "weighted"}
+
+
+async def cmd_control(args: argparse.Namespace) -> int:
+    """`hutch pause|resume|cancel JOB` and `hutch weight JOB W`."""
+    settings = _settings()
+    action: Action = args.command
+    weight = getattr(args, "weight", None)
+    await control_job(settings, args.job, action, weight)
+    what = f"job {shown(args.job)} {_DONE[action]}" + (f" to {weight:g}" if weight is not None else "")
+    print(f"{what}; governors follow the jobs stream", file=sys.stderr)
     return 0
 
 
@@ -370,6 +509,7 @@ async def run_job(
     out: Path | None = None,
     verbose: bool = False,
     tier_floor: str | None = None,
+    weight: float | None = None,
 ) -> JobCounts:
     """Start the services (unless attaching), submit, wait with a progress bar, export."""
     broker = await _connect(settings)
@@ -397,6 +537,8 @@ async def run_job(
                 await supervisor.wait_ready(timeout=60)
             except TimeoutError as exc:
                 raise UserError(f"{exc}; run with --verbose to see their logs") from None
+        if weight is not None:
+            await append_control(broker, control_record(job, "weight", weight))
         result = await submit(
             broker,
             store,
@@ -438,6 +580,7 @@ async def cmd_run(args: argparse.Namespace) -> int:
         except PoolError as exc:
             raise UserError(str(exc)) from None
     job = _job(args.job, path)
+    _not_cancelled(settings, job)
     _check_urls(path, args.skip_invalid, settings.max_url_bytes)
     counts = await run_job(
         settings,
@@ -450,6 +593,7 @@ async def cmd_run(args: argparse.Namespace) -> int:
         out=Path(args.out) if args.out else None,
         verbose=args.verbose,
         tier_floor=args.tier_floor,
+        weight=args.weight,
     )
     return 0 if counts.pending == 0 else 1
 
@@ -509,6 +653,11 @@ def build_parser() -> argparse.ArgumentParser:
             choices=TIERS,
             help="the cheapest proxy tier this job may use (default: the proxy-manager decides per domain)",
         )
+        p.add_argument(
+            "--weight",
+            type=_weight,
+            help="the job's share of each domain's rate against other jobs there (above 0, at most 1000; default 1)",
+        )
 
     p = sub.add_parser("submit", help="submit a URL file as a job to running services")
     job_args(p)
@@ -518,9 +667,32 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("job", nargs="?", help="one job (default: all)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument(
-        "--domains", action="store_true", help="each domain's current rate, pause and backlog (asks the governors)"
+        "--domains", action="store_true", help="the top domains: rate, pause, held tasks (asks the governors)"
     )
+    p.add_argument("--top", type=_top, help=f"with --domains: rows shown (default {DEFAULT_TOP})")
+    p.add_argument(
+        "--sort",
+        choices=SORT_KEYS,
+        help="with --domains: order by this, largest first (name: alphabetical; default held)",
+    )
+    p.add_argument(
+        "--match", type=_pattern, metavar="PATTERN", help="with --domains: domains matching a glob (*.shop.example)"
+    )
+    p.add_argument("--paused", action="store_true", help="with --domains: only domains paused now")
     p.set_defaults(run=cmd_status, is_async=False)
+
+    for action, text in (
+        ("pause", "pause a job: its tasks wait without holding messages (those in flight finish)"),
+        ("resume", "resume a paused job"),
+        ("cancel", "cancel a job: its tasks end dead as `cancelled` (those in flight finish)"),
+    ):
+        p = sub.add_parser(action, help=text)
+        p.add_argument("job", help="the job's name")
+        p.set_defaults(run=cmd_control, is_async=True)
+    p = sub.add_parser("weight", help="set a job's share of each domain's rate (default 1)")
+    p.add_argument("job", help="the job's name")
+    p.add_argument("weight", type=_weight, help="above 0, at most 1000")
+    p.set_defaults(run=cmd_control, is_async=True)
 
     p = sub.add_parser("run", help="start the services, run a job to the end, export its items")
     job_args(p)

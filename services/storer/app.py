@@ -12,6 +12,13 @@ the ledger its own letters in a loop).
 
 The storer owns the store, so it also runs the reconciler (`reconcile`): every
 `reconcile_interval` seconds it rescues the tasks nothing will move again.
+
+It also reads the `jobs` stream whole, from its first record at every start as the
+governors do, and records each job's state (running, paused, cancelled) and weight for
+`hutch status`. No offset is kept: applying a record is idempotent (the newest per job
+wins, by its `at`). A record is never given back: the consumer's requeue republishes to the
+queue, which on a stream would append the record again; while the store refuses writes it is
+retried in place.
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ import time
 
 from hutch.amqp import Delivery, PublishFailed, Requeue, queue_depth
 from hutch.domains import event_key
-from hutch.models import AnyEvent, DeadLetter, Item, Rescued
+from hutch.models import AnyEvent, DeadLetter, Item, JobControl, Rescued
 from hutch.service import Service
 from hutch.services.storer import reconcile
 from hutch.services.storer.writer import GroupWriter, Write
@@ -37,6 +44,8 @@ LETTER_ID = "x-hutch-letter-id"
 PREFETCH = 256  # messages each of the item and event consumers may hold unacked
 SWEEP_LIMIT = 1000  # silent tasks looked at per sweep; the rest wait for the next one
 DOMAINS_PER_SWEEP = 200  # domain queues whose depth one sweep asks for
+JOBS_PREFETCH = 100  # control records of the jobs stream held unacked (a stream needs a prefetch)
+JOBS_RETRY = 1.0  # seconds between tries of a control record the store refused
 
 
 class Storer(Service):
@@ -69,6 +78,14 @@ class Storer(Service):
         await self.broker.consume(
             topology.ledger, DeadLetter, self._on_dead, stage="store", prefetch=32, dead_letter=False
         )
+        await self.broker.consume(
+            topology.jobs,
+            JobControl,
+            self._on_job_control,
+            stage="store",
+            prefetch=JOBS_PREFETCH,
+            arguments={"x-stream-offset": "first"},
+        )
         self._reconciler = asyncio.create_task(self._reconcile_every(s.reconcile_interval))
 
     async def stop(self) -> None:
@@ -91,6 +108,21 @@ class Storer(Service):
     async def _on_event(self, message: AnyEvent, _: Delivery) -> None:
         events = message.events()
         await self._write(lambda store: store.apply_events(events))
+
+    async def _on_job_control(self, control: JobControl, _: Delivery) -> None:
+        # Never raise: the consumer's Requeue or failure path republishes to the queue, which
+        # for a stream appends the record again. The stream keeps every record; a record not
+        # written now is read again at the next start.
+        while not self.stopping.is_set():
+            try:
+                await self.writer.write(lambda store: store.apply_job_control(control))
+                return
+            except StoreUnavailable as exc:
+                log.warning("store unavailable; job control for %s tried again: %s", control.job, exc)
+                await asyncio.sleep(JOBS_RETRY)
+            except Exception as exc:
+                log.warning("job control for %s not recorded: %s: %s", control.job, type(exc).__name__, exc)
+                return
 
     async def _on_dead(self, letter: DeadLetter, message: Delivery) -> None:
         key = str(message.headers.get(LETTER_ID) or message.message_id or f"{letter.stage}:{letter.at}")[:200]

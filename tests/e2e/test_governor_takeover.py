@@ -150,7 +150,7 @@ async def test_a_standby_governor_takes_over_when_the_active_one_dies_without_a_
             assert {r["domain"] for r in rows} == {s.domain for s in box.sites.values()}
             active_pid = active.child("governor").process.pid  # type: ignore[union-attr]
             assert all(f"-{active_pid}-" in (r["governor"] or "") for r in rows), rows
-            assert all(r["backlog"] is not None and r["rate"] == RATE for r in rows), rows
+            assert all(r["rate"] == RATE for r in rows), rows
             before = counts(settings, "standby")
             assert before.pending > 0
             killed_at = time.time()

@@ -1,0 +1,106 @@
+"""Pausing, resuming, cancelling and weighting a job: one record appended to the `jobs` stream.
+
+The stream is the job's control channel: every governor reads it whole at start and follows
+it (a paused job's tasks wait in `frontier.paused`, a cancelled job's tasks end dead as
+`cancelled` where they surface, a weight shares each domain's rate between its jobs), and
+the storer records each job's state from it for `hutch status`. A record is appended with a
+publisher confirm, so a command that returns 0 has its record on the stream.
+
+What the store can tell is checked first: a job it does not know is refused (a typo would
+otherwise pause nothing, silently), and so is pausing or resuming a job already cancelled
+(its tasks are dead or going dead; a later record would not bring them back). Where the
+store is not on this machine the check is skipped and the record goes out as asked. Where it
+is, the command records the new state there itself once the broker confirmed the record (the
+storer does the same when it reads it: applying a record twice changes nothing), so the
+next command and `hutch status` see it at once.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+from hutch.amqp import Broker
+from hutch.models import JobControl
+from hutch.services.control.submit import check_job_name
+from hutch.store import Store, sqlite_path
+
+Action = Literal["pause", "resume", "cancel", "weight"]
+MAX_WEIGHT = 1000.0
+
+
+class JobControlError(ValueError):
+    """A control the store says makes no sense (an unknown job, a cancelled one), or a bad weight."""
+
+
+@dataclass(frozen=True)
+class Known:
+    """What the store knows of a job: its state and weight, or nothing (`exists` False)."""
+
+    exists: bool
+    state: str = "running"
+    weight: float = 1.0
+
+
+def check_weight(value: float) -> float:
+    """`value` when it is a valid job weight: a finite number above 0 and at most 1000."""
+    if not math.isfinite(value) or not 0 < value <= MAX_WEIGHT:
+        raise JobControlError(f"invalid weight {value!r}: use a number above 0 and at most {MAX_WEIGHT:g}")
+    return value
+
+
+def check_control(job: str, action: Action, known: Known | None) -> None:
+    """Refuse a control the store can tell is wrong; `known` None: the store cannot tell."""
+    if known is None:
+        return
+    if not known.exists:
+        raise JobControlError(f"no job named {job!r} in the store")
+    if known.state == "cancelled" and action in ("pause", "resume"):
+        raise JobControlError(f"job {job!r} is cancelled: its tasks end as they surface and it cannot be {action}d")
+
+
+def known_job(store_location: str, job: str) -> Known | None:
+    """The store's view of `job`; None when there is no store here to ask (none is created)."""
+    try:
+        path = sqlite_path(store_location)
+    except Exception:
+        return None
+    if not path.exists():
+        return None
+    store = Store(store_location)
+    try:
+        found = store.job_state(job)
+    finally:
+        store.close()
+    return Known(False) if found is None else Known(True, found[0], found[1])
+
+
+def note_control(store_location: str, control: JobControl) -> None:
+    """Record `control` in the store here, as the storer will when it reads it from the stream."""
+    store = Store(store_location)
+    try:
+        store.apply_job_control(control)
+    finally:
+        store.close()
+
+
+def control_record(job: str, action: Action, weight: float | None = None) -> JobControl:
+    """The record for `action` on `job`, checked: a valid name, a weight for `weight` only."""
+    check_job_name(job)
+    if action == "weight":
+        if weight is None:
+            raise JobControlError("a weight record needs a weight")
+        return JobControl(job=job, action=action, weight=check_weight(weight))
+    if weight is not None:
+        raise JobControlError(f"a {action} record takes no weight")
+    return JobControl(job=job, action=action)
+
+
+async def append_control(broker: Broker, control: JobControl) -> None:
+    """Append `control` to the `jobs` stream and wait for the broker's confirm.
+
+    A stream is published to like a queue, through the default exchange under its own name;
+    `mandatory` makes a missing stream an error (PublishFailed) rather than a silent drop.
+    """
+    await broker.publish("", broker.topology.jobs, control)
