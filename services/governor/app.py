@@ -79,7 +79,7 @@ from hutch.services.governor.capacity import FleetCapacity
 from hutch.services.governor.core import Core, CoreConfig
 from hutch.services.governor.limits import Limits
 from hutch.services.governor.robots import RobotsCache
-from hutch.services.governor.status import GovernorStatus, status_routing_key
+from hutch.services.governor.status import GovernorStatus, StatusRequest, select_domains, status_routing_key
 from hutch.services.governor.suffixes import key_function
 
 log = logging.getLogger(__name__)
@@ -390,16 +390,22 @@ class Governor(Service):
     def _kick(self) -> None:
         self._kicked.set()
 
-    async def _answer_status(self, reply_to: str, correlation_id: str | None, _request: bytes) -> None:
+    async def _answer_status(self, reply_to: str, correlation_id: str | None, body: bytes) -> None:
         core = self.core
         now = time.time()
+        try:
+            request = decode(body, StatusRequest)
+        except DecodeError:  # an older client: its defaults
+            request = StatusRequest()
+        rows, total = select_domains(self._rows(now), request)
         answer = GovernorStatus(
             governor=self.id,
             started=core.started,
             capacity=core.capacity.total(now),
             fetchers=core.capacity.live(now),
             in_flight=core.leases.total,
-            domains=self._rows(now),
+            domains=rows,
+            total_domains=total,
         )
         with contextlib.suppress(PublishFailed):
             await self.broker.publish(
