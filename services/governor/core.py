@@ -179,6 +179,11 @@ class Core:
     def forget(self, domain: str) -> None:
         """Drop this domain's state (an idle domain costs nothing); its key's when it was the last."""
         self.queues.pop(domain, None)
+        if self.robots is not None:
+            for scheme in ("http", "https"):  # fetched again when the domain comes back
+                state = self.robots.origins.get(f"{scheme}://{domain}")
+                if state is not None and state.phase != "fetching":
+                    del self.robots.origins[f"{scheme}://{domain}"]
         key = self.key_of(domain)
         ks = self.keys.get(key)
         if ks is not None:

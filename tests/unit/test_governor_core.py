@@ -359,3 +359,28 @@ def test_the_snapshot_shows_rate_pause_and_in_flight(clock: FakeClock) -> None:
     assert row["in_flight"] == 1
     assert row["paused_for"] == pytest.approx(5.0)
     assert t.permit is not None
+
+
+def test_an_idle_domain_is_forgotten_whole_and_comes_back_from_its_limit(clock: FakeClock) -> None:
+    core = make_core(clock, robots=True)
+    cache = core.robots
+    assert cache is not None
+    t = core.commit(task(), D)
+    core.on_robots(RobotsFetched(domain=D, url=f"http://{D}/robots.txt", status=404, outcome="ok"))
+    assert not core.idle(D)  # a fetch in flight
+    core.on_outcome(outcome(t, "ok", clock))
+    assert core.idle(D)
+    core.forget(D)
+    assert D not in core.queues and core.key_of(D) not in core.keys
+    assert f"http://{D}" not in cache.origins  # robots.txt is asked again when it comes back
+    clock.advance(1.0)  # a new bucket starts empty
+    assert core.check(task(1), D).robots == f"http://{D}"
+
+
+def test_a_paused_domain_is_not_idle(clock: FakeClock) -> None:
+    core = make_core(clock)
+    t = core.commit(task(), D)
+    core.on_outcome(outcome(t, "throttled", clock, retry_after=60.0))
+    assert not core.idle(D)
+    clock.advance(61)
+    assert core.idle(D)
