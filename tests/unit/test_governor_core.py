@@ -373,7 +373,8 @@ def test_an_idle_domain_is_forgotten_whole_and_comes_back_from_its_limit(clock: 
     core.forget(D)
     assert D not in core.queues and core.key_of(D) not in core.keys
     assert f"http://{D}" not in cache.origins  # robots.txt is asked again when it comes back
-    clock.advance(1.0)  # a new bucket starts empty
+    assert core.check(task(1), D).why == "rate"  # its bucket starts anew, empty
+    clock.advance(1.0)
     assert core.check(task(1), D).robots == f"http://{D}"
 
 
