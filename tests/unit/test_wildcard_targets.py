@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 
 import pytest
 from pydantic import ValidationError
@@ -76,7 +77,9 @@ def test_an_exact_entry_wins_over_every_wildcard_whatever_the_order() -> None:
 
 
 def test_the_longest_wildcard_suffix_wins_and_star_alone_comes_last() -> None:
-    table = resolve_table(["*:80:10.0.0.9", "*.test:80:10.0.0.1", "*.a.shop.test:80:10.0.0.3", "*.shop.test:80:10.0.0.2"])
+    table = resolve_table(
+        ["*:80:10.0.0.9", "*.test:80:10.0.0.1", "*.a.shop.test:80:10.0.0.3", "*.shop.test:80:10.0.0.2"]
+    )
     assert table.get("x.a.shop.test", 80) == "10.0.0.3"
     assert table.get("a.shop.test", 80) == "10.0.0.2"  # `*.a.shop.test` does not name a.shop.test itself
     assert table.get("x.other.test", 80) == "10.0.0.1"
@@ -85,7 +88,9 @@ def test_the_longest_wildcard_suffix_wins_and_star_alone_comes_last() -> None:
 
 
 def test_for_one_host_or_suffix_an_exact_port_wins_over_a_port_wildcard() -> None:
-    table = resolve_table(["*.shop.test:*:10.0.0.1", "*.shop.test:80:10.0.0.2", "a.test:*:10.0.0.3", "a.test:80:10.0.0.4"])
+    table = resolve_table(
+        ["*.shop.test:*:10.0.0.1", "*.shop.test:80:10.0.0.2", "a.test:*:10.0.0.3", "a.test:80:10.0.0.4"]
+    )
     assert table.get("x.shop.test", 80) == "10.0.0.2"
     assert table.get("x.shop.test", 81) == "10.0.0.1"
     assert table.get("a.test", 80) == "10.0.0.4"
@@ -118,7 +123,7 @@ def test_a_star_anywhere_but_the_whole_leftmost_label_is_refused_naming_the_entr
     assert repr(entry) in str(caught.value)
 
 
-@pytest.mark.parametrize("port", ["0", "65536", "x", "", "-1", "８０", "80 "])
+@pytest.mark.parametrize("port", ["0", "65536", "x", "", "-1", "\uff18\uff10", "80 "])
 def test_a_bad_port_is_refused_naming_the_entry(port: str) -> None:
     entry = f"*.shop.test:{port}"
     with pytest.raises(BadEntry, match="is not a number from 1 to 65535") as caught:
@@ -252,7 +257,7 @@ def test_the_guard_resolves_and_lets_through_hosts_under_a_wildcard_and_refuses_
     assert asyncio.run(guard.check("d00042.wide.test", 8000)) == ["127.0.0.1"]
     assert asyncio.run(guard.check("D00042.WIDE.TEST", 8000)) == ["127.0.0.1"]
     for host in ("evilwide.test", "wide.test"):
-        with pytest.raises(ForbiddenTarget, match=f"{host}:8000 resolves to 127.0.0.1"):
+        with pytest.raises(ForbiddenTarget, match=re.escape(f"{host}:8000 resolves to 127.0.0.1")):
             asyncio.run(guard.check(host, 8000))
 
 
@@ -260,7 +265,7 @@ def test_the_guard_resolves_and_lets_through_hosts_under_a_wildcard_and_refuses_
 def test_an_allowed_wildcard_lets_through_only_its_own_port() -> None:
     guard = TargetGuard(["*.wide.test:8000"], overrides=parse_overrides("*.wide.test:*:127.0.0.1"))
     assert asyncio.run(guard.check("d1.wide.test", 8000)) == ["127.0.0.1"]
-    with pytest.raises(ForbiddenTarget, match="d1.wide.test:8001"):
+    with pytest.raises(ForbiddenTarget, match=r"d1\.wide\.test:8001"):
         asyncio.run(guard.check("d1.wide.test", 8001))
 
 
