@@ -23,13 +23,14 @@ from pathlib import Path
 import pytest
 from parsel import Selector
 
-from hutch.sandbox import Sandbox, expected_page, load_config
+from hutch.sandbox import Sandbox, WildcardEntries, expected_page, load_config
 from hutch.services.control.supervisor import Supervisor
 from hutch.services.fetcher.fetch import fetch, make_client
 from hutch.services.fetcher.guard import TargetGuard, parse_overrides
 from hutch.services.fetcher.policy import load_policy
 from hutch.settings import Settings
 from hutch.store import Store
+from hutch.targets import BadEntry
 from hutch.urls import check_url
 
 from ..conftest import service_env
@@ -72,6 +73,15 @@ def wildcard_settings(sandbox: Sandbox, base: Settings | None = None) -> Setting
 def host_key(url: str) -> str:
     """The Host header a request for `url` carries: the A-label host and the port."""
     return url.split("/")[2]
+
+
+async def test_wildcard_entries_send_a_suffix_to_one_site_port_and_refuse_a_bad_suffix(sandbox: Sandbox) -> None:
+    port = sandbox.sites["south"].port
+    assert sandbox.wildcard_entries(SUFFIX, site="south") == WildcardEntries(
+        resolve=f"*.{SUFFIX}:{port}:127.0.0.1", allowed=f"*.{SUFFIX}:{port}"
+    )
+    with pytest.raises(BadEntry, match="leftmost label"):
+        sandbox.wildcard_entries("wide.*.test")
 
 
 async def test_the_fetchers_client_fetches_random_hosts_under_a_wildcard_and_refuses_the_rest(
