@@ -285,11 +285,15 @@ class Settings(BaseSettings):
         return redact_url(self.amqp_url)
 
     def to_env(self, base: Mapping[str, str]) -> dict[str, str]:
-        """`base` with every HUTCH_ variable replaced by these settings: a child's environment."""
+        """`base` with every HUTCH_ variable replaced by these settings: a child's environment.
+
+        ValueError if a value is over MAX_ENV_BYTES (`model_copy` does not validate).
+        """
         env = {k: v for k, v in base.items() if not k.startswith("HUTCH_")}
         for name, value in self.model_dump().items():
             text = env_text(value)
             if text is not None:
+                check_env_size(name, text)
                 env[f"HUTCH_{name.upper()}"] = text
         return env
 

@@ -247,6 +247,12 @@ def test_a_tuple_given_in_code_is_capped_as_its_child_environment_would_hold_it(
         Settings(allowed_targets=entries)
 
 
+def test_a_child_environment_is_capped_too_for_settings_copied_without_validation() -> None:
+    copied = Settings().model_copy(update={"resolve": tuple(f"d{i:05d}.wide.test:80:127.0.0.1" for i in range(5_000))})
+    with pytest.raises(ValueError, match=r"HUTCH_RESOLVE would be .* wildcard"):
+        copied.to_env({})
+
+
 # -- the guard -------------------------------------------------------------------------------------
 
 
