@@ -3,6 +3,11 @@
 All settings live in one flat model so that each has exactly one `HUTCH_` variable, one
 default and one line in the README (a test holds the README to this model). A service
 builds it once in `main` and passes it down; nothing reads the environment at import time.
+
+Every value must fit in one environment variable, since services start as child processes
+with the settings in their environment (`to_env`): Linux refuses to start a program with a
+variable over 128 KiB (`NAME=value`, its terminating byte included), with an error that
+names no variable. A longer value is refused here, naming the variable.
 """
 
 from __future__ import annotations
@@ -10,13 +15,21 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from hutch.targets import allowed_table, resolve_table, split_entries
+
 DEFAULT_RETRY_DELAYS = (1.0, 5.0, 30.0, 120.0, 600.0, 3600.0)
+# Linux's MAX_ARG_STRLEN: the longest `NAME=value` string (with its NUL) execve passes on.
+MAX_ENV_BYTES = 128 * 1024
+_WILDCARD_HINTS = {
+    "allowed_targets": "; one wildcard entry such as *.shop.test:8443 covers every host under shop.test",
+    "resolve": "; one wildcard entry such as *.shop.test:8443:127.0.0.1 covers every host under shop.test",
+}
 
 
 class Settings(BaseSettings):
@@ -142,13 +155,13 @@ class Settings(BaseSettings):
     )
     policy_file: Path | None = Field(None, description="YAML overriding the failure policy and block patterns")
     allowed_targets: Annotated[tuple[str, ...], NoDecode] = Field(
-        (), description="host:port list the SSRF guard lets through (comma separated)"
+        (), description="host:port list the SSRF guard lets through (comma separated; *.suffix and port * allowed)"
     )
     allow_private_networks: bool = Field(
         False, description="fetch loopback, private and link-local addresses (no SSRF guard)"
     )
     resolve: Annotated[tuple[str, ...], NoDecode] = Field(
-        (), description="host:port:address entries answered before DNS, like curl --resolve"
+        (), description="host:port:address entries answered before DNS, like curl --resolve (*.suffix, * allowed)"
     )
     retry_delays: Annotated[tuple[float, ...], NoDecode] = Field(
         DEFAULT_RETRY_DELAYS, description="delay tiers in seconds, comma separated"
@@ -222,11 +235,32 @@ class Settings(BaseSettings):
             return tuple(float(part) for part in value.split(",") if part.strip())
         return value
 
+    @model_validator(mode="before")
+    @classmethod
+    def _fits_in_environment(cls, data: Any) -> Any:
+        """Refuse a value longer than one environment variable may be, before it is parsed."""
+        if isinstance(data, Mapping):
+            for name, value in data.items():
+                check_env_size(str(name), value)
+        return data
+
     @field_validator("allowed_targets", "resolve", mode="before")
     @classmethod
     def _split_list(cls, value: object) -> object:
         if isinstance(value, str):
-            return tuple(part.strip() for part in value.split(",") if part.strip())
+            return split_entries(value)
+        return value
+
+    @field_validator("allowed_targets")
+    @classmethod
+    def _valid_targets(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        allowed_table(value)  # raises naming the first bad entry
+        return value
+
+    @field_validator("resolve")
+    @classmethod
+    def _valid_resolve(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        resolve_table(value)  # raises naming the first bad entry
         return value
 
     @field_validator("retry_delays")
@@ -245,15 +279,40 @@ class Settings(BaseSettings):
         return redact_url(self.amqp_url)
 
     def to_env(self, base: Mapping[str, str]) -> dict[str, str]:
-        """`base` with every HUTCH_ variable replaced by these settings: a child's environment."""
+        """`base` with every HUTCH_ variable replaced by these settings: a child's environment.
+
+        ValueError if a value is over MAX_ENV_BYTES (`model_copy` does not validate).
+        """
         env = {k: v for k, v in base.items() if not k.startswith("HUTCH_")}
         for name, value in self.model_dump().items():
-            if value is None:
-                continue
-            if isinstance(value, tuple):
-                value = ",".join(str(v) for v in value)
-            env[f"HUTCH_{name.upper()}"] = str(value)
+            text = env_text(value)
+            if text is not None:
+                check_env_size(name, text)
+                env[f"HUTCH_{name.upper()}"] = text
         return env
+
+
+def env_text(value: object) -> str | None:
+    """A setting's value as its environment variable holds it (None: left unset)."""
+    if value is None:
+        return None
+    if isinstance(value, (tuple, list)):
+        return ",".join(str(v) for v in value)
+    return str(value)
+
+
+def check_env_size(name: str, value: object) -> None:
+    """ValueError when `HUTCH_<NAME>=value` is over MAX_ENV_BYTES as UTF-8 (with its NUL)."""
+    text = env_text(value)
+    if text is None:
+        return
+    variable = f"HUTCH_{name.upper()}"
+    size = len(variable) + 1 + len(text.encode("utf-8", "surrogatepass")) + 1
+    if size > MAX_ENV_BYTES:
+        raise ValueError(
+            f"{variable} would be {size:,} bytes, over the {MAX_ENV_BYTES:,} (128 KiB) one environment "
+            f"variable may hold{_WILDCARD_HINTS.get(name.lower(), '')}"
+        )
 
 
 def redact_url(url: str) -> str:

@@ -29,7 +29,7 @@ from hutch.sandbox.config import (
 )
 from hutch.sandbox.pages import BLOCK_MARKER, CHALLENGE_MARKER, charset_text, expected_page
 from hutch.sandbox.runner import run_forever, wait_for_ready_file
-from hutch.sandbox.sandbox import Sandbox
+from hutch.sandbox.sandbox import Sandbox, WildcardEntries
 
 __all__ = [
     "BLOCK_MARKER",
@@ -41,6 +41,7 @@ __all__ = [
     "Sandbox",
     "SandboxConfig",
     "SiteConfig",
+    "WildcardEntries",
     "charset_text",
     "expected_page",
     "load_config",

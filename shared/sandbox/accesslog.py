@@ -37,6 +37,7 @@ class AccessRecord:
     status: int | str
     fault: str | None = None
     upstream_source: str | None = None  # proxy records: the address it connects from
+    host: str | None = None  # site records: the Host header (cut at 300 characters), None if absent
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), ensure_ascii=False)

@@ -1,21 +1,37 @@
 """The whole fake internet as one object: every site and proxy of a config, started and stopped
 together, with one access log and the lists (URLs, proxy file, allowed targets) a scraper run
-is seeded from."""
+is seeded from.
+
+One site can stand for any number of domains: `wildcard_entries("wide.test")` gives the
+`HUTCH_RESOLVE` and `HUTCH_ALLOWED_TARGETS` entries that send every host under `wide.test`
+(`d00001.wide.test`, ...) to one site's port, and `host_stats()` says what each of those
+domains received, in all and at most within one second."""
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 from hutch.sandbox.accesslog import AccessLog, AccessRecord
 from hutch.sandbox.config import SandboxConfig, load_config
+from hutch.sandbox.hostcount import HostCounter, HostStats
 from hutch.sandbox.proxy import ProxyServer
 from hutch.sandbox.site import SiteServer
 from hutch.sandbox.tls import TestCA
+from hutch.targets import parse_resolve
 
-__all__ = ["Sandbox"]
+__all__ = ["Sandbox", "WildcardEntries"]
+
+
+@dataclass(frozen=True)
+class WildcardEntries:
+    """The two entries that send every host under a suffix to one site."""
+
+    resolve: str  # for HUTCH_RESOLVE: `*.wide.test:PORT:127.0.0.1`
+    allowed: str  # for HUTCH_ALLOWED_TARGETS: `*.wide.test:PORT`
 
 
 class Sandbox:
@@ -32,8 +48,9 @@ class Sandbox:
         self.config = config if config is not None else load_config(None)
         path = access_log if access_log is not None else self.config.access_log
         self._access_log = AccessLog(Path(path) if path is not None else None)
+        self._hosts = HostCounter()
         self.sites: dict[str, SiteServer] = {
-            site.name: SiteServer(site, self.config, self._access_log) for site in self.config.sites
+            site.name: SiteServer(site, self.config, self._access_log, self._hosts) for site in self.config.sites
         }
         self.proxies: dict[str, ProxyServer] = {
             proxy.name: ProxyServer(proxy, self.config, self._access_log, self._site_at)
@@ -112,6 +129,27 @@ class Sandbox:
         """host:port of every site."""
         self._require_started()
         return [site.domain for site in self.sites.values()]
+
+    def wildcard_entries(self, suffix: str, site: str | None = None) -> WildcardEntries:
+        """Entries sending every host under ``suffix`` (not ``suffix`` itself) to ``site``'s port.
+
+        ``site`` defaults to the first site of the config. The site serves each host alike, so
+        the URLs are ``sites[site].host_url("d00001.wide.test", "/page/0")`` and so on.
+        """
+        self._require_started()
+        server = self.sites[site] if site is not None else next(iter(self.sites.values()))
+        resolve = f"*.{suffix}:{server.port}:{server.host}"
+        parse_resolve(resolve)  # a bad suffix fails here, not in every service
+        return WildcardEntries(resolve=resolve, allowed=f"*.{suffix}:{server.port}")
+
+    def host_stats(self) -> dict[str, HostStats]:
+        """Requests each Host header (`host:port`, lower case) brought to the sites: in all, and
+        the most within any one second."""
+        return self._hosts.stats()
+
+    def worst_host_second(self) -> tuple[str, int] | None:
+        """The Host that got the most requests within one second, and how many; None before any."""
+        return self._hosts.worst()
 
     def ready_info(self, **paths: str | None) -> dict[str, Any]:
         """A JSON-able description of the running sandbox, plus any ``paths`` given."""

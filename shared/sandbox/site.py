@@ -21,6 +21,11 @@ test can ask for exactly the trouble it wants:
                            a page encoded in <name>, declared in Content-Type (default), only
                            in a <meta charset> tag, or nowhere
     /hostile/<name>        one hostile answer of the open web (see hutch.sandbox.hostile)
+
+A site answers whatever the Host header says, so every host name resolved to its port
+(`HUTCH_RESOLVE=*.wide.test:PORT:127.0.0.1`) is served, as one site. Each request is counted
+under its Host header (`hutch.sandbox.hostcount`) and its access record carries the header,
+so per-domain limits can be checked at the site.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from urllib.parse import quote, unquote
 
 from hutch.sandbox.accesslog import AccessLog, AccessRecord
 from hutch.sandbox.config import SandboxConfig, SiteConfig
+from hutch.sandbox.hostcount import MAX_HOST_CHARS, HostCounter
 from hutch.sandbox.http11 import BadRequest, Request, format_head, read_request, reset_connection
 from hutch.sandbox.listener import Listener
 from hutch.sandbox.pages import (
@@ -124,13 +130,16 @@ async def _until_peer_leaves(reader: asyncio.StreamReader) -> None:
 
 
 class SiteServer(Listener):
-    def __init__(self, config: SiteConfig, sandbox: SandboxConfig, log: AccessLog) -> None:
+    def __init__(
+        self, config: SiteConfig, sandbox: SandboxConfig, log: AccessLog, hosts: HostCounter | None = None
+    ) -> None:
         super().__init__(sandbox.host, config.port)
         self.config = config
         self.name = config.name
         self._seed = sandbox.seed
         self._datacenter = list(sandbox.address_tiers.datacenter)
         self._log = log
+        self._hosts = hosts if hosts is not None else HostCounter()
         self._counts: dict[str, int] = {}
         self._flaky: dict[str, int] = {}
         self._politeness = (
@@ -150,6 +159,10 @@ class SiteServer(Listener):
     def page_url(self, i: int) -> str:
         return f"{self.base_url}/page/{i}"
 
+    def host_url(self, host: str, path: str = "/") -> str:
+        """The URL of ``path`` on this site under another host name (one resolved to this port)."""
+        return f"{'https' if self.config.tls else 'http'}://{host}:{self.port}{path}"
+
     def urls(self) -> list[str]:
         return [self.page_url(i) for i in range(self.config.pages)]
 
@@ -166,10 +179,12 @@ class SiteServer(Listener):
             if request is None:
                 return
             arrival = time.time()
+            host = request.header("host")
+            self._hosts.add(host)
             decision = self._decide(request, client)
             outcome = decision.outcome
             status = outcome if isinstance(outcome, str) else outcome.status
-            self._record(arrival, request.method, request.target, client, status, decision.fault)
+            self._record(arrival, request.method, request.target, client, status, decision.fault, host)
             if decision.delay > 0:
                 await asyncio.sleep(decision.delay)
             if outcome == "reset":
@@ -182,7 +197,16 @@ class SiteServer(Listener):
             if not await self._send(writer, outcome, head=head, keep=request.keep_alive):
                 return
 
-    def _record(self, ts: float, method: str, path: str, client: str, status: int | str, fault: str | None) -> None:
+    def _record(
+        self,
+        ts: float,
+        method: str,
+        path: str,
+        client: str,
+        status: int | str,
+        fault: str | None,
+        host: str | None = None,
+    ) -> None:
         self._log.add(
             AccessRecord(
                 ts=ts,
@@ -195,6 +219,7 @@ class SiteServer(Listener):
                 client=client,
                 status=status,
                 fault=fault,
+                host=None if host is None else host[:MAX_HOST_CHARS],
             )
         )
 
