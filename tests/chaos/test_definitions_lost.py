@@ -1,12 +1,12 @@
 """RabbitMQ coming back with its definitions lost: same address, an empty data folder.
 
-It happens when a broker's volume is replaced (a new pod without its disk, a node reset): every
-exchange, queue, binding, the domain registry and every message are gone, and the services'
-robust connections simply reconnect. They must declare the whole topology again, the run-time
-domain queues included, and go on working. Tasks that sat in the lost queues are the
-reconciler's business, not this test's: here the work submitted after the wipe must end with
-every URL stored or dead, through every path (domain queues, delay tiers back into them,
-fetch, parse, store, the dead exchange and its ledger).
+It happens when a broker's volume is replaced (a new pod without its disk, a node reset):
+every exchange, queue, binding, stream and every message are gone, and the services' robust
+connections simply reconnect. They must declare the whole topology again and go on working.
+Tasks that sat in the lost queues are the reconciler's business, not this test's: here the
+work submitted after the wipe must end with every URL stored or dead, through every path
+(the frontier's shards, delay tiers back into them, fetch, parse, store, the dead exchange
+and its ledger).
 """
 
 from __future__ import annotations
@@ -53,10 +53,12 @@ async def missing_definitions(url: str, exchanges: list[str], consumed: list[str
 
 async def wait_for_recovery(url: str, settings: Settings, sandbox: Sandbox, timeout: float) -> None:
     """Wait until the services alone have declared every exchange and consume every queue
-    they consumed before (the domain queues among them); fail after `timeout` seconds."""
+    they consumed before (the frontier's shards among them); fail after `timeout` seconds."""
     topology = topology_for(settings)
     exchanges = [exchange.name for exchange in topology.exchanges]
-    consumed = [topology.domain_queue(domain_of(site.base_url)).name for site in sandbox.sites.values()]
+    consumed = [
+        topology.shard_queue(topology.shard_of(domain_of(site.base_url))).name for site in sandbox.sites.values()
+    ]
     consumed += [topology.unrouted, topology.fetch_ready, topology.parse, topology.store]
     missing: list[str] = []
     for _ in range(int(timeout)):
@@ -87,8 +89,8 @@ async def test_services_redeclare_everything_after_the_broker_loses_its_definiti
     assert counts.stored > (len(after) - len(missing)) * 0.9, counts
     assert counts.dead >= len(missing)
     assert {c.label: c.restarts for c in services.supervisor.children if c.restarts} == {}
-    # The domain registry was lost with the rest: a governor started now must still find
-    # every domain's queue (it reads the registry, since AMQP cannot list queues).
+    # The streams were lost with the rest (jobs, released log): a governor started now must
+    # still find its way (it reads both before it releases anything).
     pid = services.supervisor.signal("governor")
     await services.supervisor.wait_restarted("governor", pid)
     again = urls[1::4]
