@@ -1,6 +1,7 @@
 """Frontier models side by side: what each costs the broker (or PostgreSQL) as domains grow.
 
-    .venv/bin/python bench/frontier_models.py                 # default sizes, ~10-15 min on 2 cores
+    .venv/bin/python bench/frontier_models.py                 # default sizes, ~15 min on 2 cores
+    .venv/bin/python bench/frontier_models.py --only shards --shard-domains 0 --quorum-domains 100000
     .venv/bin/python bench/frontier_models.py --only shards,pg --shard-domains 1000,10000
     .venv/bin/python bench/frontier_models.py --help
 
@@ -559,7 +560,7 @@ def pg_bench(dsn: str, sizes: Sequence[int], tasks: int, claim_count: int) -> li
                     runs = []
                     for _ in range(3):
                         pg_reset(conn, s)
-                        runs.append(pg_claims(dsn, s, claimers, count, cap=30.0))
+                        runs.append(pg_claims(dsn, s, claimers, count, cap=15.0))
                     row[f"rate{claimers}"] = [r for r, _ in runs]
                     row[f"empty{claimers}"] = sum(e for _, e in runs)
                 after_heap, after_index = pg_sizes(conn, s)
@@ -661,14 +662,18 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--only", default="per-domain,shards,pg,stream,facts", help="phases to run, comma separated")
     p.add_argument("--per-domain", default="1000,5000,10000", help="domain counts, a queue each (default %(default)s)")
     p.add_argument("--shard-domains", default="1000,10000,100000", help="domain counts in 16 shards (%(default)s)")
-    p.add_argument("--quorum-domains", default="100000", help="the same on quorum shards; 0 skips (%(default)s)")
+    p.add_argument(
+        "--quorum-domains",
+        default="0",
+        help="the same on quorum shards, e.g. 100000 (~6 min more); 0 skips (%(default)s)",
+    )
     p.add_argument("--pg-domains", default="1000,10000,100000", help="domain counts in PostgreSQL (%(default)s)")
     p.add_argument("--pg-dsn", default="host=127.0.0.1 port=5432 dbname=test user=postgres")
     p.add_argument("--stream-messages", type=int, default=500_000, help="messages in the stream (%(default)s)")
     p.add_argument("--tasks", type=int, default=5, help="tasks per domain (%(default)s)")
     p.add_argument("--rate-count", type=int, default=20_000, help="messages per window-consumer run (%(default)s)")
     p.add_argument("--claim-count", type=int, default=20_000, help="claims per PostgreSQL run (%(default)s)")
-    p.add_argument("--budget", type=float, default=180.0, help="seconds at most to fill one size (%(default)s)")
+    p.add_argument("--budget", type=float, default=150.0, help="seconds at most to fill one size (%(default)s)")
     p.add_argument("--port", type=int, default=5690, help="AMQP port of the node started here (%(default)s)")
     p.add_argument("--dist-port", type=int, default=25690, help="its distribution port (%(default)s)")
     p.add_argument("--url", help="an existing node's AMQP URL instead of starting one (not the shared 5672)")
