@@ -69,5 +69,10 @@ bench-store: broker
 bench-parse: $(STAMP)
 	$(PY) bench/parse_workers.py
 
+# On a RabbitMQ node of its own (and PostgreSQL on 127.0.0.1:5432); figures in docs/frontier-alternatives.md.
+.PHONY: bench-frontier-models
+bench-frontier-models: $(STAMP)
+	$(PY) bench/frontier_models.py
+
 clean:
 	rm -rf $(VENV) hutch-data .pytest_cache .mypy_cache .ruff_cache
