@@ -18,7 +18,7 @@ async def leave_domain_queue(broker: Broker, topology: Topology, domain: str) ->
     """Declare `domain`'s queue and record it in the `domains` stream, as the old governor did."""
     channel = await broker.channel()
     try:
-        name = (await declare_queue(channel, topology.domain_queue(domain))).name
+        name: str = (await declare_queue(channel, topology.domain_queue(domain))).name
         await channel.declare_queue(topology.domains, durable=True, arguments=REGISTRY_ARGUMENTS)
         await broker.publish("", topology.domains, DomainRecord(domain=domain))
         return name
