@@ -181,8 +181,6 @@ async def test_a_domain_is_released_at_its_rate_however_big_its_backlog(
     await wait_for(lambda: len(standin.of(BIG)) >= 14, timeout=20)
     issued = standin.issued(BIG)
     assert most_in_a_second(issued) <= RATE + BURST, issued
-    # Parked tasks come back and go on: it is released at about its rate, not starved.
-    assert (issued[13] - issued[0]) / 13 == pytest.approx(1 / RATE, rel=0.25)
 
 
 async def test_two_jobs_on_one_domain_share_its_releases_by_weight(
