@@ -1,9 +1,9 @@
 """Removing a namespace from a broker: every queue and exchange Hutch declared under it.
 
-AMQP cannot list queues, so the names come from the topology and from the domain registry
-(the `domains` stream), which records every domain queue ever created. The tests use this
-where they cannot have a vhost of their own, so that nothing is left on a broker that
-outlives the test run.
+AMQP cannot list queues, so the names come from the topology and, for the per-domain frontier
+queues of before the shards, from their registry (the `domains` stream, deleted too), which
+recorded every domain queue ever created. The tests use this where they cannot have a vhost
+of their own, so that nothing is left on a broker that outlives the test run.
 """
 
 from __future__ import annotations
@@ -51,7 +51,9 @@ async def delete_namespace(settings: Settings) -> int:
     broker = await Broker(settings, "admin").connect(declare=False)
     try:
         domains = await registered_domains(broker)
-        names = broker.topology.all_queue_names(domains)
+        # The registry itself is no longer in the topology (the frontier is sharded now), but
+        # a namespace from before the shards may still have it.
+        names = [*broker.topology.all_queue_names(domains), broker.topology.domains]
         deleted = 0
         for name in names:
             channel = await broker.channel()

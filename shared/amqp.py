@@ -462,6 +462,11 @@ class Broker:
         for consumer in self._consumers:
             await consumer.cancel()
 
+    @property
+    def in_flight(self) -> int:
+        """Messages whose handling (handler, then settling) has not finished."""
+        return self._in_flight
+
     async def drain(self, grace: float) -> bool:
         """Wait until no handler is running, up to `grace` seconds; True if drained."""
         try:

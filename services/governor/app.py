@@ -260,7 +260,16 @@ class Governor(Service):
         # Closing the shard channels returns every held task at once (cancelling the
         # consumers while each held task is returned one by one would have the broker deliver
         # them straight back); the handlers still waiting are then told to let go.
+        # First no delivery and no decision more, and the handlers busy parking or releasing
+        # finish: an ack sent while its channel closes makes the broker close the whole
+        # connection (CHANNEL_ERROR), and the released events not yet published with it.
         self.stopping.set()
+        await self.broker.stop_consuming()
+        deadline = time.monotonic() + self.settings.publish_timeout + 1.0
+        while self.broker.in_flight > sum(line.held_count() for line in self.lines.values()):
+            if time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.01)
         for channel in self.shard_channels:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(channel.close(), 5.0)
@@ -642,7 +651,7 @@ class Governor(Service):
     async def _dispatch(self) -> None:
         while True:
             try:
-                timeout = self._dispatch_due()
+                timeout = None if self.stopping.is_set() else self._dispatch_due()
             except Exception:  # never let the dispatcher die: every held task would wait
                 log.exception("dispatching failed")
                 timeout = TICK

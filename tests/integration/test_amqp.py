@@ -8,9 +8,9 @@ import time
 import pytest
 from aio_pika.abc import AbstractIncomingMessage
 
-from hutch.amqp import Broker, Dead, Delivery, PublishFailed, RpcClient, declare_queue, serve_rpc
+from hutch.amqp import Broker, Dead, Delivery, PublishFailed, RpcClient, serve_rpc
 from hutch.domains import routing_key
-from hutch.models import DeadLetter, DomainRecord, Lease, LeaseRequest, Task, decode, task_id
+from hutch.models import DeadLetter, Lease, LeaseRequest, Task, decode, task_id
 from hutch.settings import Settings
 
 pytestmark = pytest.mark.timeout(60)
@@ -59,20 +59,21 @@ async def test_task_for_an_unknown_domain_falls_through_to_unrouted(broker: Brok
     assert decode(message.body, Task).id == task.id
 
 
-async def test_retry_tier_dead_letters_back_into_the_tasks_own_domain_queue(broker: Broker) -> None:
+async def test_retry_tier_dead_letters_back_into_the_tasks_own_shard(broker: Broker) -> None:
     topology = broker.topology
-    channel = await broker.channel()
-    for domain in ("127.0.0.1:9", "127.0.0.1:10"):  # as the governor does: declared and registered
-        await declare_queue(channel, topology.domain_queue(domain))
-        await broker.publish("", topology.domains, DomainRecord(domain=domain))
     task = make_task()
+    own = topology.shard_queue(topology.shard_of(task.domain)).name
+    others = [spec.name for spec in topology.shard_queues if spec.name != own]
     started = time.monotonic()
-    await broker.publish(topology.tier_exchange(0.5), routing_key(task.domain), task)
-    assert await depth(broker, topology.domain_queue("127.0.0.1:9").name) == 0
-    message = await get_one(broker, topology.domain_queue("127.0.0.1:9").name, timeout=5)
+    await broker.publish(topology.tier_exchange(0.5), topology.shard_key(task.domain), task)
+    assert await depth(broker, own) == 0
+    message = await get_one(broker, own, timeout=5)
     assert time.monotonic() - started >= 0.4
     assert decode(message.body, Task).id == task.id
-    assert await depth(broker, topology.domain_queue("127.0.0.1:10").name) == 0
+    assert message.routing_key == topology.shard_key(task.domain)
+    for name in others:
+        assert await depth(broker, name) == 0, name
+    assert await depth(broker, topology.unrouted) == 0
 
 
 async def test_handler_that_returns_gets_its_message_acked(broker: Broker) -> None:

@@ -1,4 +1,5 @@
-"""A topology version bump strands nothing: what waits in the old version's queues moves."""
+"""A topology change strands nothing: what waits in the old version's queues, and in this
+version's former per-domain frontier queues, moves into the frontier's shards."""
 
 from __future__ import annotations
 
@@ -10,11 +11,14 @@ import pytest
 from hutch.amqp import Broker, declare_queue
 from hutch.domains import routing_key
 from hutch.migrate import migrate
-from hutch.models import DeadLetter, DomainRecord, Page, Task, decode, task_id
+from hutch.models import DeadLetter, Page, Task, decode, task_id
 from hutch.settings import Settings
-from hutch.topology import Topology
+from hutch.topology import QueueSpec, Topology
 
+from .legacy import leave_domain_queue
 from .test_amqp import depth, get_one
+
+LEGACY_DOMAIN = "127.0.0.1:11"  # a domain with a queue of its own in this version, before the shards
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -24,16 +28,25 @@ def make_task(path: str, domain: str = "127.0.0.1:9") -> Task:
     return Task(id=task_id("job", url), job="job", url=url, domain=domain)
 
 
+def v2_queues(old: Topology) -> list[QueueSpec]:
+    """The static queues v2 had: the ones of the sharded frontier came with v3."""
+    newer = {old.paused, old.jobs, old.released_log, *(spec.name for spec in old.shard_queues)}
+    return [spec for spec in old.queues if spec.name not in newer]
+
+
 async def fill_old_version(settings: Settings) -> tuple[Topology, dict[str, Task], Page]:
-    """A broker as a v2 Hutch left it: a domain queue, a tier, unrouted, parse, the dead letters."""
+    """A broker as a v2 Hutch left it (a domain queue, a tier, unrouted, parse, the dead
+    letters), and a v3 domain queue as this version left it before the frontier was sharded."""
     old_broker = await Broker(settings, "old-hutch").connect(declare=False)
     old = Topology(settings.namespace, settings.queue_type, settings.retry_delays, version="v2")
     old_broker.topology = old
     try:
-        await old_broker.declare_topology()
         channel = await old_broker.channel()
-        await declare_queue(channel, old.domain_queue("127.0.0.1:9"))
-        await old_broker.publish("", old.domains, DomainRecord(domain="127.0.0.1:9"))
+        for exchange in old.exchanges:
+            await channel.declare_exchange(exchange.name, exchange.type, durable=True, arguments=exchange.arguments)
+        for spec in v2_queues(old):
+            await declare_queue(channel, spec)
+        await leave_domain_queue(old_broker, old, "127.0.0.1:9")
         tasks = {
             "waiting": make_task("waiting"),
             "in-a-tier": make_task("in-a-tier"),
@@ -49,9 +62,17 @@ async def fill_old_version(settings: Settings) -> tuple[Topology, dict[str, Task
         await old_broker.publish_dead("parse", "parse", "bad selector", page=page)
         assert await depth(old_broker, old.domain_queue("127.0.0.1:9").name) >= 1
         assert await depth(old_broker, old.dlq) == 1
-        return old, tasks, page
     finally:
         await old_broker.close()
+    unsharded = await Broker(settings, "unsharded-hutch").connect()
+    try:
+        tasks["in-a-v3-domain-queue"] = make_task("in-a-v3-domain-queue", domain=LEGACY_DOMAIN)
+        name = await leave_domain_queue(unsharded, unsharded.topology, LEGACY_DOMAIN)
+        await unsharded.publish("", name, tasks["in-a-v3-domain-queue"])
+        assert await depth(unsharded, name) == 1
+    finally:
+        await unsharded.close()
+    return old, tasks, page
 
 
 async def exists(broker: Broker, queue: str) -> bool:
@@ -66,7 +87,7 @@ async def exists(broker: Broker, queue: str) -> bool:
         await channel.close()
 
 
-async def test_messages_in_the_previous_versions_queues_move_into_this_version_and_the_old_queues_go(
+async def test_messages_in_the_previous_versions_queues_and_the_domain_queues_move_into_the_shards(
     settings: Settings,
 ) -> None:
     old, tasks, page = await fill_old_version(settings)
@@ -74,22 +95,34 @@ async def test_messages_in_the_previous_versions_queues_move_into_this_version_a
     try:
         assert broker.topology.version != old.version
         moved = await migrate(broker)
-        assert moved == 3 + 1 + 2  # the tasks, the page, the dead letter in the dlq and the ledger
+        assert moved == 4 + 1 + 2  # the tasks, the page, the dead letter in the dlq and the ledger
         new = broker.topology
-        # No v3 domain queue exists yet: the tasks fall through to unrouted, each under its key.
+        # Tasks of a domain queue or a tier go to their domain's shard under its shard key...
+        sharded = {t.url: new.shard_key(t.domain) for t in tasks.values() if t.domain != "127.0.0.1:10"}
         arrived = {}
-        for _ in range(3):
-            message = await get_one(broker, new.unrouted)
-            task = decode(message.body, Task)
-            arrived[task.url] = message.routing_key
-        assert arrived == {t.url: routing_key(t.domain) for t in tasks.values()}
+        for name in {new.shard_queue(new.shard_of(t.domain)).name for t in tasks.values()}:
+            for _ in range(await depth(broker, name)):
+                message = await get_one(broker, name)
+                arrived[decode(message.body, Task).url] = message.routing_key
+        assert arrived == sharded
+        # ...and one that had fallen through to the old unrouted waits in the new one, its key
+        # kept (the governor routes it into its shard).
+        message = await get_one(broker, new.unrouted)
+        assert decode(message.body, Task) == tasks["unrouted"]
+        assert message.routing_key == routing_key("127.0.0.1:10")
         message = await get_one(broker, new.parse)
         assert decode(message.body, Page) == page
         assert message.headers["x-hutch-failures"] == 1  # counts travel with the message
         for queue in (new.dlq, new.ledger):
             letter = decode((await get_one(broker, queue)).body, DeadLetter)
             assert letter.reason == "parse" and letter.page == page
-        for name in (*old.all_queue_names(["127.0.0.1:9"]), old.domains):
+        for name in (
+            *(spec.name for spec in v2_queues(old)),
+            old.domain_queue("127.0.0.1:9").name,
+            old.domains,
+            new.domain_queue(LEGACY_DOMAIN).name,
+            new.domains,
+        ):
             assert not await exists(broker, name), name
         assert await migrate(broker) == 0  # nothing left: a second start moves nothing
     finally:
@@ -108,7 +141,7 @@ async def test_a_governor_starting_on_a_broker_with_old_work_releases_it_in_the_
     broker = await Broker(settings, "test").connect()
     try:
         released = set()
-        for _ in range(3):
+        for _ in range(len(tasks)):
             released.add(decode((await get_one(broker, broker.topology.fetch_ready, timeout=30)).body, Task).url)
         assert released == {t.url for t in tasks.values()}
     finally:
@@ -127,9 +160,11 @@ async def test_while_one_process_migrates_another_moves_nothing_and_deletes_noth
         lock = await _lock(first)
         assert lock is not None
         assert await migrate(second) == 0
-        assert await exists(second, old.parse) and await exists(second, old.domain_queue("127.0.0.1:9").name)
+        for name in (old.parse, old.domain_queue("127.0.0.1:9").name, second.topology.domain_queue(LEGACY_DOMAIN).name):
+            assert await exists(second, name), name
+        assert await depth(second, second.topology.domain_queue(LEGACY_DOMAIN).name) == 1
         await _unlock(first, lock)
-        assert await migrate(second) == 6
+        assert await migrate(second) == 7
     finally:
         await first.close()
         await second.close()

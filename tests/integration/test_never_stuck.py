@@ -204,12 +204,12 @@ async def fetcher(settings: Settings, monkeypatch: pytest.MonkeyPatch):  # type:
 
 
 async def act_as_governor(broker: Broker, domain: str, until: asyncio.Event) -> int:
-    """Give each task coming back to its domain queue a fresh permit, as the governor would."""
-    from hutch.amqp import declare_queue
+    """Give each task coming back to its domain's shard a fresh permit, as the governor would."""
     from hutch.models import Permit
 
     channel = await broker.channel()
-    queue = await declare_queue(channel, broker.topology.domain_queue(domain))
+    topology = broker.topology
+    queue = await channel.get_queue(topology.shard_queue(topology.shard_of(domain)).name, ensure=False)
     released = 0
     while not until.is_set():
         message = await queue.get(fail=False, no_ack=True)
@@ -232,7 +232,6 @@ async def test_a_task_whose_fetch_raises_spends_an_attempt_each_time_and_ends_de
     task = Task(id=task_id("job", url), job="job", url=url, domain="127.0.0.1:9")
     done = asyncio.Event()
     governor = asyncio.create_task(act_as_governor(broker, task.domain, done))
-    await asyncio.sleep(0.2)  # the domain queue is declared
     now = time.time()
     permit = Permit(id="p", issued=now, expires=now + 30)
     await broker.publish(broker.topology.work, "fetch.ready", task.model_copy(update={"permit": permit}))
@@ -279,96 +278,116 @@ async def test_a_task_a_fetcher_died_holding_spends_an_attempt_without_being_fet
     assert fetcher.calls == []  # the page that may kill fetchers was not fetched again
 
 
-# -- the governor: returns by republish, consumers that always come back ----------------
+# -- the governor: parking by republish, consumers that always come back ----------------
 
 
 @pytest.fixture
 async def governor(settings: Settings):  # type: ignore[no-untyped-def]
-    """A real governor service in this process (robots.txt ignored)."""
+    """A real governor service in this process (robots.txt ignored); the test starts it."""
     from hutch.services.governor.app import Governor
 
     service = Governor(settings.model_copy(update={"respect_robots": False, "max_hold": 1.0}))
     await service.connect()
     yield service
     service.stopping.set()
-    await service.shutdown()
+    if hasattr(service, "shard_channels"):  # started
+        await service.shutdown()
+    else:
+        await service.broker.close()
 
 
-async def test_a_governor_returns_a_task_it_cannot_release_yet_by_republish_not_by_requeue(
+def frontier_task(domain: str, path: str) -> Task:
+    url = f"http://{domain}/{path}"
+    return Task(id=task_id("j", url), job="j", url=url, domain=domain)
+
+
+async def test_a_task_whose_domain_waits_longer_than_max_hold_is_parked_by_publish_and_ack_not_requeued(
     broker: Broker, governor
 ) -> None:  # type: ignore[no-untyped-def]
-    from hutch.amqp import CRASHES, FAILURES, declare_queue
-    from hutch.models import DomainRecord
+    from hutch.models import Event, EventBatch
+    from hutch.services.governor.app import GOVERNOR_HEADER, PARKED_HEADER
 
+    topology = broker.topology
     domain = "127.0.0.1:9"
-    spec = broker.topology.domain_queue(domain)
-    channel = await broker.channel()
-    await declare_queue(channel, spec)
-    url = "http://127.0.0.1:9/held"
+    # Another governor released this domain a moment ago (the released log says so): this one
+    # waits that permit's lifetime (permit_ttl, 10 s) before releasing it, longer than max_hold.
+    foreign = Event(kind="released", task_id="t0", job="j", domain=domain, attempt=0, permit_id="elsewhere.1")
     await broker.publish(
-        broker.topology.frontier, "d." + domain, Task(id=task_id("j", url), job="j", url=url, domain=domain)
+        topology.events, "released", EventBatch(events=[foreign]), headers={GOVERNOR_HEADER: "elsewhere"}
     )
-    # A domain it did not create: the governor waits one permit lifetime (takeover) before
-    # releasing, longer than it may hold a message, so it returns the task and pauses.
-    await broker.publish("", broker.topology.domains, DomainRecord(domain=domain))
+    task = frontier_task(domain, "parked")
+    await broker.publish(topology.frontier, topology.shard_key(domain), task)
+    seen: list[tuple[object, bool, int, int]] = []
+    take = governor._on_task
+
+    async def watched(got: Task, message: Delivery) -> None:
+        if got.id == task.id:
+            seen.append((message.headers.get(PARKED_HEADER), message.redelivered, message.crashes, message.failures))
+        await take(got, message)
+
+    governor._on_task = watched  # what the shard consumers call
     await governor.start()
-    await wait_for(lambda: domain in governor.domains and governor.domains[domain].resume is not None)
-    message = await get_one(broker, spec.name)
-    assert decode(message.body, Task).url == url
-    assert message.redelivered is False  # not a nack-requeue: no delivery counted, no crash
-    assert message.headers[CRASHES] == 0 and message.headers[FAILURES] == 0
-    assert await depth(broker, broker.topology.fetch_ready) == 0
+    await wait_for(lambda: len(seen) >= 3, timeout=20)
+    assert governor.core.queue(domain).cold_until == pytest.approx(foreign.at + broker.settings.permit_ttl)
+    assert time.time() < foreign.at + broker.settings.permit_ttl  # still waiting out the takeover
+    assert governor._parks >= 2
+    # The first copy as published; every later one came back from a delay tier, a new message:
+    # never a broker redelivery, no crash and no failure counted.
+    assert seen[0] == (None, False, 0, 0)
+    assert all(each == (1, False, 0, 0) for each in seen[1:]), seen
+    assert await depth(broker, topology.fetch_ready) == 0
+    # Once no foreign permit can be in use any more, it is released.
+    released = decode((await get_one(broker, topology.fetch_ready, timeout=20)).body, Task)
+    assert released.id == task.id and released.permit is not None
+    assert released.permit.issued >= foreign.at + broker.settings.permit_ttl
 
 
-async def test_resuming_a_paused_domain_declares_its_queue_object_only_once(broker: Broker, governor) -> None:  # type: ignore[no-untyped-def]
-    from hutch.models import DomainRecord
-
-    domain = "127.0.0.1:9"
-    name = broker.topology.domain_queue(domain).name
-    await governor.start()
-    await broker.publish("", broker.topology.domains, DomainRecord(domain=domain))
-    await wait_for(lambda: domain in governor.domains and governor.domains[domain].consumer is not None)
-    state = governor.domains[domain]
-    for _ in range(5):
-        governor._pause(domain, 0.05)
-        assert state.consumer is None
-        await wait_for(lambda: state.consumer is not None)
-
-    def kept() -> int:  # queue objects the robust channels would redeclare after a reconnect
-        return sum(len(ch._queues.get(name, ())) for ch in governor.domain_channels)
-
-    assert kept() == 1
-    # And the consumer resumed last is the live one: a task still gets through.
-    url = "http://127.0.0.1:9/after-resumes"
-    governor.core.queue(domain).cold_until = 0.0
-    await broker.publish(
-        broker.topology.frontier, "d." + domain, Task(id=task_id("j", url), job="j", url=url, domain=domain)
-    )
-    assert decode((await get_one(broker, broker.topology.fetch_ready, timeout=20)).body, Task).url == url
-
-
-async def test_a_domain_whose_consumer_failed_to_start_is_tried_again_until_it_runs(
-    broker: Broker, governor, monkeypatch: pytest.MonkeyPatch
+async def test_after_the_broker_drops_its_connections_the_governor_consumes_every_shard_again(
+    broker: Broker, governor, settings: Settings
 ) -> None:  # type: ignore[no-untyped-def]
-    from hutch.models import DomainRecord
+    import shutil
 
-    domain = "127.0.0.1:9"
-    real = governor.broker.consume
-    failures = 0
+    from .test_reconnect import drop_connections
 
-    async def flaky(queue, *args, **kwargs):  # type: ignore[no-untyped-def]
-        nonlocal failures
-        if getattr(queue, "name", "") == broker.topology.domain_queue(domain).name and failures < 2:
-            failures += 1
-            raise ConnectionError("connection dropped mid-declare")
-        return await real(queue, *args, **kwargs)
-
-    monkeypatch.setattr(governor.broker, "consume", flaky)
+    if shutil.which("rabbitmqctl") is None:
+        pytest.skip("needs rabbitmqctl to drop connections")
+    topology = broker.topology
     await governor.start()
-    await broker.publish("", broker.topology.domains, DomainRecord(domain=domain))
-    await wait_for(lambda: failures == 2)
-    assert domain in governor.domains  # watched...
-    await wait_for(lambda: governor.domains[domain].consumer is not None)  # ...and consumed in the end
-    probe = await broker.channel()
-    declared = await probe.declare_queue(broker.topology.domain_queue(domain).name, passive=True)
-    assert declared.declaration_result.consumer_count == 1
+
+    async def consumed_everywhere() -> bool:
+        try:
+            probe = await broker.raw_channel()
+            try:
+                for spec in topology.shard_queues:
+                    declared = await probe.queue_declare(spec.name, passive=True)
+                    if not declared.consumer_count:
+                        return False
+                return True
+            finally:
+                await probe.close()
+        except Exception:  # still reconnecting
+            return False
+
+    async def released(domain: str) -> None:
+        task = frontier_task(domain, "after")
+        for _ in range(100):  # the test's own connection may still be reconnecting
+            try:
+                await broker.publish(topology.frontier, topology.shard_key(domain), task)
+                break
+            except Exception:
+                await asyncio.sleep(0.2)
+        got = decode((await get_one(broker, topology.fetch_ready, timeout=30)).body, Task)
+        assert got.id == task.id
+
+    await released("127.0.0.1:9")
+    for n in range(2):
+        await drop_connections(settings.amqp_url)
+        for _ in range(150):
+            await asyncio.sleep(0.2)
+            if await consumed_everywhere():
+                break
+        assert await consumed_everywhere()
+        await released(f"127.0.0.1:{10 + n}")
+    # Each shard channel restores its one queue after a reconnect, not a copy per reconnect.
+    kept = [sum(len(queues) for queues in channel._queues.values()) for channel in governor.shard_channels]
+    assert kept == [1] * len(topology.shard_queues)

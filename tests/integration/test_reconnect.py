@@ -1,5 +1,5 @@
 """After the broker drops every connection, services reconnect and redeclare what they use,
-including the domain queues the governor declared at run time."""
+including a frontier shard the broker lost, on the channel that consumes it."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ from urllib.parse import unquote, urlsplit
 import pytest
 
 from hutch.amqp import Broker, Delivery
-from hutch.domains import routing_key
 from hutch.models import Task, task_id
 from hutch.settings import Settings
 
@@ -29,11 +28,14 @@ async def drop_connections(amqp_url: str) -> None:
     assert await asyncio.wait_for(dropping.wait(), 60) == 0
 
 
-async def test_a_consumer_of_a_domain_queue_comes_back_after_the_broker_drops_it_and_lost_the_queue(
+async def test_a_consumer_of_a_shard_comes_back_after_the_broker_drops_it_and_lost_the_queue(
     settings: Settings,
 ) -> None:
-    broker = await Broker(settings, "test-robust").connect()
-    other = await Broker(settings, "test-admin").connect()
+    await (await Broker(settings, "test-setup").connect()).close()  # the topology, declared once
+    # Neither keeps a channel that restores the topology: the lost queue can only come back
+    # through the channel that consumes it.
+    broker = await Broker(settings, "test-robust").connect(declare=False)
+    other = await Broker(settings, "test-admin").connect(declare=False)
     seen: list[str] = []
 
     async def handler(task: Task, _: Delivery) -> None:
@@ -41,11 +43,13 @@ async def test_a_consumer_of_a_domain_queue_comes_back_after_the_broker_drops_it
 
     try:
         domain = "late.example:8080"
-        spec = broker.topology.domain_queue(domain)
-        await broker.consume(spec, Task, handler, stage="test")  # declared at run time, as the governor does
+        topology = broker.topology
+        spec = topology.shard_queue(topology.shard_of(domain))
+        channel = await broker.channel()
+        await broker.consume(spec, Task, handler, stage="test", channel=channel)  # as the governor does
         # The broker loses the queue (as a node without its data would) and drops every connection.
-        channel = await other.channel()
-        await channel.queue_delete(spec.name)
+        admin = await other.channel()
+        await admin.queue_delete(spec.name)
         await drop_connections(settings.amqp_url)
         url = "http://late.example:8080/x"
         task = Task(id=task_id("j", url), job="j", url=url, domain=domain)
@@ -59,7 +63,7 @@ async def test_a_consumer_of_a_domain_queue_comes_back_after_the_broker_drops_it
                 continue
             if declared.declaration_result.consumer_count:
                 break
-        await other.publish(broker.topology.frontier, routing_key(domain), task)
+        await other.publish(topology.frontier, topology.shard_key(domain), task)
         for _ in range(100):
             if seen:
                 break

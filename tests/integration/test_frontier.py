@@ -1,0 +1,317 @@
+"""The sharded frontier through a real broker and a real governor in this process.
+
+A stand-in for the fetchers takes every release from `fetch.ready`, notes it, and answers
+with an `ok` outcome naming its permit (so the governor's leases end, as with real
+fetchers); it fetches nothing. Release times are the permits' `issued`, the governor's own
+clock when it released. Every load here is bounded in count and in time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import pytest
+from aio_pika.abc import AbstractIncomingMessage
+
+from hutch.amqp import Broker, Delivery
+from hutch.domains import event_key
+from hutch.models import Event, EventBatch, FetcherHeartbeat, JobControl, Task, decode, task_id
+from hutch.services.governor.app import Governor
+from hutch.settings import Settings
+
+from .test_amqp import get_one
+
+pytestmark = pytest.mark.timeout(60)
+
+RATE = 2.0
+BURST = 1
+
+
+@pytest.fixture
+def settings(settings: Settings) -> Settings:
+    """One shard, so that every domain of a test shares it; a slow default rate."""
+    return settings.model_copy(update={"frontier_shards": 1, "rate": RATE, "burst": BURST, "respect_robots": False})
+
+
+@pytest.fixture
+async def broker(settings: Settings) -> AsyncIterator[Broker]:
+    b = await Broker(settings, "test").connect()
+    yield b
+    await b.close()
+
+
+StartGovernor = Callable[..., Awaitable[Governor]]
+
+
+@pytest.fixture
+async def start_governor(settings: Settings) -> AsyncIterator[StartGovernor]:
+    """Start a governor with these settings (and overrides); each is shut down after the test."""
+    started: list[Governor] = []
+
+    async def start(prepare: Callable[[Governor], None] | None = None, **overrides: Any) -> Governor:
+        service = Governor(settings.model_copy(update=overrides))
+        if prepare is not None:
+            prepare(service)
+        await service.connect()
+        await service.start()
+        started.append(service)
+        return service
+
+    yield start
+    for service in started:
+        await stop_governor(service)
+
+
+async def stop_governor(service: Governor) -> None:
+    if not service.stopping.is_set():
+        service.stopping.set()
+        await service.shutdown()
+
+
+class StandIn:
+    """Takes releases from fetch.ready and answers each with an `ok` outcome."""
+
+    def __init__(self, broker: Broker, outcomes: bool = True) -> None:
+        self.broker = broker
+        self.outcomes = outcomes
+        self.released: list[Task] = []  # in arrival order, each with its permit
+
+    async def start(self) -> StandIn:
+        topology = self.broker.topology
+        channel = await self.broker.channel(prefetch=1000)
+        queue = await channel.get_queue(topology.fetch_ready, ensure=False)
+        await queue.consume(self._on_task)
+        # A fleet with room to spare: the governor's capacity gate stays open.
+        beat = FetcherHeartbeat(fetcher="standin", concurrency=1000, busy=0)
+        await self.broker.publish(topology.events, "fetcher.heartbeat", beat, mandatory=False)
+        return self
+
+    async def _on_task(self, message: AbstractIncomingMessage) -> None:
+        task = decode(message.body, Task)
+        assert task.permit is not None
+        self.released.append(task)
+        if self.outcomes:
+            event = Event(
+                kind="outcome",
+                task_id=task.id,
+                job=task.job,
+                domain=task.domain,
+                attempt=task.attempts + 1,
+                permit_id=task.permit.id,
+                fetcher="standin",
+                outcome="ok",
+                status=200,
+                next="parse",
+            )
+            await self.broker.publish(self.broker.topology.events, event_key("outcome", task.domain), event)
+        await message.ack()
+
+    def of(self, domain: str) -> list[Task]:
+        return [t for t in self.released if t.domain == domain]
+
+    def issued(self, domain: str) -> list[float]:
+        return sorted(t.permit.issued for t in self.of(domain) if t.permit is not None)
+
+
+def make_task(domain: str, n: int, job: str = "job") -> Task:
+    url = f"http://{domain}/{job}/{n}"
+    return Task(id=task_id(job, url), job=job, url=url, domain=domain)
+
+
+async def submit(broker: Broker, tasks: list[Task]) -> None:
+    topology = broker.topology
+    for i in range(0, len(tasks), 100):
+        batch = tasks[i : i + 100]
+        await asyncio.gather(*(broker.publish(topology.frontier, topology.shard_key(t.domain), t) for t in batch))
+
+
+async def wait_for(predicate: Callable[[], bool], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        await asyncio.sleep(0.05)
+
+
+def most_in_a_second(times: list[float]) -> int:
+    """The most releases in any closed window of one second."""
+    best = 0
+    for i, start in enumerate(times):
+        best = max(best, sum(1 for t in times[i:] if t - start <= 1.0))
+    return best
+
+
+BIG = "big.test"
+SMALL = [f"small-{n}.test" for n in range(20)]
+
+
+async def big_and_small(broker: Broker, start_governor: StartGovernor) -> tuple[Governor, StandIn]:
+    """300 tasks of one domain, then one task each of 20 others, all in the one shard."""
+    assert {broker.topology.shard_key(d) for d in [BIG, *SMALL]} == {"s.0"}
+    await submit(broker, [make_task(BIG, n) for n in range(300)])
+    await submit(broker, [make_task(domain, 0) for domain in SMALL])
+    standin = await StandIn(broker).start()
+    governor = await start_governor()
+    return governor, standin
+
+
+async def test_a_domain_with_a_backlog_does_not_hold_up_the_domains_behind_it_in_its_shard(
+    broker: Broker, start_governor: StartGovernor
+) -> None:
+    governor, standin = await big_and_small(broker, start_governor)
+    await wait_for(lambda: all(standin.of(domain) for domain in SMALL), timeout=20)
+    last_small = max(t for domain in SMALL for t in standin.issued(domain))
+    big_before = [t for t in standin.issued(BIG) if t <= last_small]
+    assert len(big_before) < 10, f"{len(big_before)} of {BIG} released before the last small domain"
+    # The backlog beyond what the governor holds waits parked in the delay tiers.
+    assert governor._parks > 0
+    line = governor.lines[BIG]
+    assert line.held_count() <= governor._hold_limit(BIG, line, "job")
+
+
+async def test_a_domain_is_released_at_its_rate_however_big_its_backlog(
+    broker: Broker, start_governor: StartGovernor
+) -> None:
+    _, standin = await big_and_small(broker, start_governor)
+    await wait_for(lambda: len(standin.of(BIG)) >= 14, timeout=20)
+    issued = standin.issued(BIG)
+    assert most_in_a_second(issued) <= RATE + BURST, issued
+
+
+async def test_two_jobs_on_one_domain_share_its_releases_by_weight(
+    broker: Broker, start_governor: StartGovernor
+) -> None:
+    topology = broker.topology
+    for job, weight in (("light", 1.0), ("heavy", 3.0)):
+        await broker.publish("", topology.jobs, JobControl(job=job, action="weight", weight=weight))
+    domain = "shared.test"
+    tasks = [make_task(domain, n, job) for n in range(100) for job in ("light", "heavy")]
+    await submit(broker, tasks)
+    standin = await StandIn(broker).start()
+    await start_governor(rate=10.0)
+    await wait_for(lambda: len(standin.of(domain)) >= 60, timeout=20)
+    counts = collections.Counter(t.job for t in standin.of(domain)[:60])
+    # 1:3 is 15:45; an even share (30:30) or the heavy job alone (0:60) fails.
+    assert 10 <= counts["light"] <= 20, counts
+    assert counts["light"] + counts["heavy"] == 60
+
+
+async def test_a_domain_left_idle_is_forgotten_and_a_new_task_of_it_is_still_released(
+    broker: Broker, start_governor: StartGovernor
+) -> None:
+    domain = "idle.test"
+    standin = await StandIn(broker).start()
+    governor = await start_governor(domain_idle=1.0)
+    await submit(broker, [make_task(domain, 0)])
+    await wait_for(lambda: len(standin.of(domain)) == 1, timeout=15)
+    assert domain in governor.lines and domain in governor.core.queues
+    key = governor.core.key_of(domain)
+
+    def forgotten() -> bool:
+        return domain not in governor.lines and domain not in governor.core.queues and key not in governor.core.keys
+
+    await wait_for(forgotten, timeout=15)
+    await submit(broker, [make_task(domain, 1)])
+    await wait_for(lambda: len(standin.of(domain)) == 2, timeout=15)
+    assert standin.of(domain)[1].id == make_task(domain, 1).id
+    assert domain in governor.lines  # known again
+
+
+async def test_a_restarted_governor_reads_the_released_log_and_waits_out_the_permits_in_flight(
+    broker: Broker, start_governor: StartGovernor
+) -> None:
+    domain = "restart.test"
+    permit_ttl = 4.0
+    first = await start_governor(rate=20.0, burst=3, permit_ttl=permit_ttl)
+    await submit(broker, [make_task(domain, n) for n in range(3)])
+    earlier = [decode((await get_one(broker, broker.topology.fetch_ready, timeout=15)).body, Task) for _ in range(3)]
+    await stop_governor(first)  # no outcome came: all three are still in flight
+
+    second = await start_governor(rate=20.0, burst=3, permit_ttl=permit_ttl)
+    core = second.core
+    assert all(t.permit is not None and t.permit.id in core.leases for t in earlier)
+    last = max(t.permit.issued for t in earlier if t.permit is not None)
+    assert core.queues[domain].last_foreign_release == pytest.approx(last)
+    await submit(broker, [make_task(domain, 3)])
+    later = decode((await get_one(broker, broker.topology.fetch_ready, timeout=20)).body, Task)
+    assert later.id == make_task(domain, 3).id
+    assert later.permit is not None and later.permit.id.startswith(second.id + ".")
+    assert later.permit.issued >= last + permit_ttl  # no permit of the first one could still be used
+
+
+async def test_a_task_under_a_key_no_shard_is_bound_to_is_routed_into_its_shard_and_released(
+    broker: Broker, start_governor: StartGovernor
+) -> None:
+    topology = broker.topology
+    domain = "stray.test"
+    # Keys of another layout: the per-domain queues', and a shard count larger than this one.
+    tasks = {"d.stray.test": make_task(domain, 0), "s.999": make_task(domain, 1)}
+    heard: dict[str, str] = {}
+
+    def watch(governor: Governor) -> None:
+        route = governor._on_unrouted
+
+        async def watched(task: Task, message: Delivery) -> None:
+            heard[task.id] = message.routing_key or ""
+            await route(task, message)
+
+        governor._on_unrouted = watched  # type: ignore[method-assign,unused-ignore]
+
+    standin = await StandIn(broker).start()
+    await start_governor(prepare=watch)
+    for key, task in tasks.items():
+        await broker.publish(topology.frontier, key, task)
+    await wait_for(lambda: len(standin.of(domain)) == 2, timeout=15)
+    assert heard == {task.id: key for key, task in tasks.items()}  # both fell through to unrouted
+    assert sorted(t.id for t in standin.of(domain)) == sorted(t.id for t in tasks.values())
+
+
+async def released_log(broker: Broker, quiet: float = 1.0) -> set[str]:
+    """Every permit id in the released log, read from its start until it is quiet."""
+    permits: set[str] = set()
+    heard = asyncio.Event()
+    channel = await broker.channel(prefetch=1000)
+    queue = await channel.get_queue(broker.topology.released_log, ensure=False)
+
+    async def on_batch(message: AbstractIncomingMessage) -> None:
+        permits.update(e.permit_id for e in decode(message.body, EventBatch).events if e.permit_id)
+        await message.ack()
+        heard.set()
+
+    await queue.consume(on_batch, arguments={"x-stream-offset": "first"})
+    while True:
+        heard.clear()
+        try:
+            await asyncio.wait_for(heard.wait(), quiet)
+        except TimeoutError:
+            break
+    await channel.close()
+    return permits
+
+
+def said(record: logging.LogRecord) -> str:
+    """A log record's text; aio-pika logs some objects whose repr fails."""
+    try:
+        return record.getMessage()
+    except Exception:
+        return str(record.msg)
+
+
+async def test_a_governor_stopped_while_busy_publishes_the_released_event_of_every_task_it_released(
+    broker: Broker, start_governor: StartGovernor, caplog: pytest.LogCaptureFixture
+) -> None:
+    governor, standin = await big_and_small(broker, start_governor)
+    await wait_for(lambda: governor._parks >= 400, timeout=20)
+    await stop_governor(governor)  # while it parks the backlog
+    # An ack on a shard channel while it closes would make the broker close the governor's
+    # whole connection (504 CHANNEL_ERROR), losing the released events not yet published.
+    assert not [r for r in caplog.records if "CHANNEL_ERROR" in said(r)]
+    await asyncio.sleep(1.0)  # the stand-in takes what was released last
+    released = {t.permit.id for t in standin.released if t.permit is not None}
+    logged = await released_log(broker)
+    assert released - logged == set()  # none unheard by the governors that come next
