@@ -43,7 +43,7 @@ log = logging.getLogger(__name__)
 LETTER_ID = "x-hutch-letter-id"
 PREFETCH = 256  # messages each of the item and event consumers may hold unacked
 SWEEP_LIMIT = 1000  # silent tasks looked at per sweep; the rest wait for the next one
-DOMAINS_PER_SWEEP = 200  # domain queues whose depth one sweep asks for
+DOMAINS_PER_SWEEP = 200  # domains one sweep considers for a retry rescue
 JOBS_PREFETCH = 100  # control records of the jobs stream held unacked (a stream needs a prefetch)
 JOBS_RETRY = 1.0  # seconds between tries of a control record the store refused
 
@@ -184,13 +184,20 @@ class Storer(Service):
         try:
             ready = await queue_depth(channel, topology.fetch_ready)
             events = await queue_depth(channel, topology.events_storer)
-            depths: dict[str, int | None] = {}
-            domains = sorted(reconcile.domains_to_look_at(silent, now, self.reconcile_config))
-            for domain in domains[:DOMAINS_PER_SWEEP]:
+            # A retry waits in its domain's shard, or parked in a delay tier (a domain's backlog
+            # beyond a few seconds of its rate), or in the paused queue: it counts as lost only
+            # while all of them are empty (one shared look; unknown counts as not empty).
+            waiting = 0
+            for name in [q.name for q in topology.shard_queues] + [
+                topology.paused,
+                *(topology.tier_exchange(d) for d in topology.retry_delays),
+            ]:
                 if channel.is_closed:  # a passive declare of a missing queue closes it
                     channel = await self.broker.channel()
-                depth = await queue_depth(channel, topology.domain_queue(domain).name)
-                depths[domain] = None if depth is None else depth[0]
+                depth = await queue_depth(channel, name)
+                waiting += 1 if depth is None else depth[0]
+            domains = sorted(reconcile.domains_to_look_at(silent, now, self.reconcile_config))
+            depths: dict[str, int | None] = {domain: waiting for domain in domains[:DOMAINS_PER_SWEEP]}
         finally:
             with contextlib.suppress(Exception):
                 await channel.close()

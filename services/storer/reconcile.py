@@ -12,16 +12,16 @@ The reconciler finds those tasks in the store and republishes them, and only tho
   expired permit; and a fetcher that took it with a valid permit answers within the fetch
   deadline);
 - retrying, past the moment its delay tier should have returned it plus a margin, while
-  its domain's queue has been seen empty for at least the margin too (a task back in a
-  backlog, however long, is not lost; a paused domain keeps its tasks in that queue; and a
-  governor holds at most one task of a domain out of the queue, for a bounded time).
+  the frontier has been seen empty for at least the margin too: its shards, the delay tiers
+  and the paused queue (a task back in a backlog, however long, is not lost: a governor
+  parks a domain's backlog in the delay tiers, a paused job keeps its tasks in the paused
+  queue, and a governor holds the few it has in hand for a bounded time).
 
 And only while the store is current: with outcome events still waiting for the storer, a
 task may look silent only because its news has not been read yet.
 
-It never looks at a task waiting in a backlog (`queued`, or returned to its domain queue:
+It never looks at a task waiting in a backlog (`queued`, or returned to the frontier:
 `due_at` is empty then), on the parse queue, in a delay tier before it is due, or finished.
-Jobs cannot be paused yet; when they can, a paused job's tasks must be left alone here.
 
 Each rescue raises the task's incarnation, so a stale copy that surfaces later is dropped;
 after `max_rescues` rescues the task goes dead as `stalled` instead. This module is pure:
@@ -76,8 +76,8 @@ class Observed:
     fetchers_up: bool  # fetch.ready has at least one consumer
     fetch_ready_waiting: bool = False  # fetch.ready holds messages (or its depth is unknown)
     store_behind: bool = False  # the storer's events queue holds messages
-    # Per domain queue: seconds it has been seen empty, sweep after sweep (absent: it was
-    # not empty last time, or its depth is unknown).
+    # Per domain: seconds the frontier has been seen empty for it, sweep after sweep
+    # (absent: it was not empty last time, or its depth is unknown).
     empty_for: dict[str, float] = field(default_factory=dict)
 
 
@@ -102,8 +102,9 @@ def decide(task: Silent, now: float, config: Config, observed: Observed) -> Verd
     elif task.state == "retrying":
         if task.due_at >= config.retrying_before(now):
             return Verdict("leave", "not_yet")
-        # A governor may hold the domain's one task out of the queue for a while (waiting for
-        # a token or the fleet), so one empty look proves nothing; an unknown depth neither.
+        # A governor may hold a few tasks of the domain out of the frontier for a while
+        # (waiting for a token or the fleet), so one empty look proves nothing; an unknown
+        # depth neither.
         if observed.empty_for.get(task.domain, -1.0) < config.margin:
             return Verdict("leave", "in_backlog")
         why = "retry_overdue"
@@ -115,7 +116,7 @@ def decide(task: Silent, now: float, config: Config, observed: Observed) -> Verd
 
 
 def empty_since(previous: dict[str, float], depths: dict[str, int | None], now: float) -> dict[str, float]:
-    """When each domain queue was first seen empty in the current run of empty looks.
+    """When the frontier was first seen empty for each domain in the current run of empty looks.
 
     `depths` holds this sweep's looks (None: unknown); domains not looked at are forgotten.
     """
