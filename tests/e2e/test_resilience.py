@@ -12,7 +12,6 @@ from urllib.parse import unquote, urlsplit
 import pytest
 
 from hutch.amqp import Broker, topology_for
-from hutch.domains import routing_key
 from hutch.models import DeadLetter, decode
 from hutch.sandbox import Sandbox
 from hutch.settings import Settings
@@ -75,7 +74,7 @@ async def test_poison_on_every_queue_is_dead_lettered_and_the_job_still_complete
         await submit_urls(settings, "poison", sandbox.sites["beta"].urls()[:5])
         await services.wait_for("poison", lambda c: c.stored >= 1, 30)
         for exchange, key in (
-            (topology.frontier, routing_key(domain)),
+            (topology.frontier, topology.shard_key(domain)),
             (topology.work, "fetch.ready"),
             (topology.work, "parse"),
             (topology.work, "store"),

@@ -51,7 +51,7 @@ async def test_publish_to_a_key_nothing_is_bound_to_raises_publish_failed(broker
         await broker.publish(broker.topology.work, "no-such-queue", make_task())
 
 
-async def test_task_for_an_unknown_domain_falls_through_to_unrouted(broker: Broker) -> None:
+async def test_a_task_under_a_key_no_shard_is_bound_to_falls_through_to_unrouted(broker: Broker) -> None:
     task = make_task()
     await broker.publish(broker.topology.frontier, routing_key(task.domain), task)
     message = await get_one(broker, broker.topology.unrouted)

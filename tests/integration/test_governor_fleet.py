@@ -17,7 +17,6 @@ from typing import Any
 import pytest
 
 from hutch.amqp import Broker
-from hutch.domains import routing_key
 from hutch.models import Task, task_id
 from hutch.sandbox import Sandbox, SandboxConfig
 from hutch.sandbox.accesslog import AccessRecord
@@ -66,7 +65,7 @@ async def publish_tasks(settings: Settings, job: str, urls: Sequence[str], domai
             *(
                 broker.publish(
                     topology.frontier,
-                    routing_key(domain),
+                    topology.shard_key(domain),
                     Task(id=task_id(job, url), job=job, url=url, domain=domain),
                 )
                 for url in urls
