@@ -26,8 +26,8 @@ Three rules live here so no service has to remember them:
   even that publish fails the message is nack-requeued, and the broker's redelivery then
   counts as one crash: one reason `max_crashes` is more than 1.
 - Connections are robust: after a broker restart aio-pika reopens channels and redeclares
-  every exchange, queue and binding declared through them, including the domain queues the
-  governor declares at run time, and each consumer subscribes again on the reopened channel.
+  every exchange, queue and binding declared through them, and each consumer subscribes again
+  on the reopened channel.
 
 The hot path sits on aiormq, the library under aio-pika, where aio-pika's conveniences cost
 more than the work: publishes build their properties and pipeline on the channel, consumers

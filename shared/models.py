@@ -186,7 +186,7 @@ class Rescued(Model):
     """The reconciler republished a lost task as `incarnation` (routing key `rescued.<domain>`).
 
     Governors remember the newest incarnation of recently rescued tasks and drop an older
-    copy when it surfaces from a domain queue.
+    copy when it surfaces from the frontier.
     """
 
     v: Literal[1] = 1

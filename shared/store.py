@@ -562,7 +562,7 @@ class Store:
             return cursor.rowcount > 0
 
     def finish_rescue(self, task: Task, claimed_at: float) -> None:
-        """The rescued copy is confirmed in its domain queue: the task waits in its backlog.
+        """The rescued copy is confirmed in the frontier: the task waits in its backlog.
 
         Unless the new copy's release was heard already (`due_at` moved on since the claim
         at `claimed_at`): then it is in flight, and stays so.

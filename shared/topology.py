@@ -9,19 +9,23 @@ in the previous version's queues into the new ones.
 
 Versions: `v2` had delivery limits on the quorum work queues only and an unbounded `dlq`;
 `v3` gives every quorum queue a consumer can return a message to an explicit
-`x-delivery-limit` and a dead-letter target (the frontier's domain queues too, with a high
-limit, since returns are republishes now), and bounds the `dlq` (`HUTCH_DLQ_MAX_LENGTH`,
+`x-delivery-limit` and a dead-letter target (the frontier's shards too, with a high limit,
+since returns are republishes now), and bounds the `dlq` (`HUTCH_DLQ_MAX_LENGTH`,
 oldest dropped: the storer's ledger is the record).
 
 Shape (see the design card):
-- `frontier` (direct, alternate exchange `frontier.unrouted`): key `d.<domain>`, one durable
-  queue `frontier.d.<domain>` per domain (either name hashed when too long: hutch.domains),
-  created by the governor when a message for a new domain falls through to
-  `frontier.unrouted`, and recorded in the `domains` stream.
+- `frontier` (direct, alternate exchange `frontier.unrouted`): key `s.<n>`, a fixed number of
+  durable shard queues `frontier.s.<n>` (`HUTCH_FRONTIER_SHARDS`); a domain's tasks all go
+  to the shard its name hashes to (`shard_key`), whatever the number of domains. A key no
+  shard is bound to falls through to `frontier.unrouted`, and the governor routes it again.
+  (Before the shards, a queue per domain, `frontier.d.<domain>`, recorded in a `domains`
+  stream: `domain_queue` still names them, for `hutch.migrate` to empty them.)
+- `frontier.paused`: tasks of paused jobs; `jobs`: a stream of job controls;
+  `released.log`: a stream of the `released` event batches, kept an hour.
 - `work` (direct): `fetch.ready`, `parse`, `store` queues under their own names as keys.
 - `retry.<delay>`: a fanout exchange and a queue per delay tier with a fixed TTL that
   dead-letters into `frontier` with no dead-letter routing key, so an expired retry re-enters
-  its own domain queue under its original key. No consumers: the broker holds the delay.
+  its own shard under its original key. No consumers: the broker holds the delay.
 - `dead` (fanout): to `dlq` (kept for inspection and replay) and `dead.ledger` (the storer).
 - `events` (topic): `released` (batches), `outcome.<domain>` (the storer keeps task state
   and attempt history from them; the proxy-manager learns proxy health from outcomes),
@@ -144,7 +148,7 @@ class Topology:
         return args
 
     def domain_queue(self, domain: str) -> QueueSpec:
-        """A domain's frontier queue: a dead-letter target, so no TTL, expiry or length limit.
+        """A domain's frontier queue of before the shards (migrations empty them), as declared then.
 
         Single active consumer: every governor consumes every domain queue and the broker
         lets one of them at a time release that domain's tasks (standby takes over).

@@ -4,7 +4,7 @@ The storer's ledger (the store's `dead` table) indexes every dead letter with it
 reason, domain and the whole letter (the task and its attempt history). Replay republishes
 the matching letters with confirms and marks each replayed only once the broker has it, so
 an interrupted replay is resumed by running it again and nothing is sent twice: a task goes
-back to its domain queue (its attempts reset with `--reset-attempts`), and a page that
+back to the frontier (its attempts reset with `--reset-attempts`), and a page that
 failed to parse goes straight back to the parser, without a re-fetch. A letter that could
 not be decoded at all has no task to replay and is left in the ledger.
 """

@@ -1,14 +1,14 @@
 """The fetcher's wiring: permit check, proxy lease, fetch, and routing of the outcome.
 
 A fetcher never decides when to hit a site: it only fetches tasks that hold a fresh permit.
-A task whose permit expired goes back to its domain queue without spending an attempt (the
+A task whose permit expired goes back to the frontier without spending an attempt (the
 governor's business, bounded by time). Every error that belongs to the task spends one, so
 the task's attempt budget bounds it and it ends dead: a task that a fetcher died holding
 (the AMQP layer counts the crash in its headers) is recorded as an attempt `crashed` and is
 not fetched again by this delivery, and an exception nothing foresaw in fetching or routing
 becomes the outcome `error`. After each attempt the task
-goes on to `parse`, to a delay tier (which dead-letters it back into its domain queue when
-the delay is over), straight back to a domain queue (a redirect, a failed proxy), or to the
+goes on to `parse`, to a delay tier (which dead-letters it back into its frontier shard when
+the delay is over), straight back to the frontier (a redirect, a failed proxy), or to the
 dead exchange; then an outcome event is published; only then is the `fetch.ready` message
 acked. The fetcher keeps no state, so it scales freely; every second it reports its free
 capacity (`fetcher.heartbeat`) so the governor issues no more permits than can be used.
@@ -70,7 +70,7 @@ class Fetcher(Service):
 
     async def abandon(self) -> int:
         """Past the shutdown grace: cancel the fetches still running. Their handlers give the
-        tasks back to their domain queues unspent (`_fetch` returns None); the HTTP clients stay
+        tasks back to the frontier unspent (`_fetch` returns None); the HTTP clients stay
         open until no fetch uses them."""
         running = list(self._fetches)
         for job in running:
@@ -210,7 +210,7 @@ class Fetcher(Service):
             await self._route(task, lease, error, decide(error, task.attempts, task.history, self.policy, tiers))
 
     async def _back_to_frontier(self, task: Task, why: str) -> None:
-        """Back to the domain queue with no permit and no attempt spent."""
+        """Back to the frontier with no permit and no attempt spent."""
         task = task.model_copy(update={"permit": None})
         await self.broker.publish(self.broker.topology.frontier, self.broker.topology.shard_key(task.domain), task)
         await self._event(task, why, "frontier")

@@ -68,7 +68,7 @@ class Storer(Service):
             margin=s.reconcile_margin,
             max_rescues=s.max_rescues,
         )
-        self._empty_since: dict[str, float] = {}  # domain queue -> first of its empty looks
+        self._empty_since: dict[str, float] = {}  # domain -> first of the frontier's empty looks for it
         topology = self.broker.topology
         # Prefetch bounds what waits on a failing store: no more than this is taken from the
         # broker until the store takes writes again. It also bounds a group's size.
@@ -217,7 +217,7 @@ class Storer(Service):
         topology = self.broker.topology
         try:
             # The governors hear of the new incarnation first, so a stale copy they take
-            # from the domain queue after this is dropped; none bound yet is no failure.
+            # from the frontier after this is dropped; none bound yet is no failure.
             await self.broker.publish(
                 topology.events,
                 event_key("rescued", task.domain),
