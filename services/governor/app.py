@@ -216,7 +216,8 @@ class Governor(Service):
         self._background: set[asyncio.Task[None]] = set()
         self._lag = [0.0, 0]  # outcome events: sum of their delays on arrival, and their count
         self._releases: list[Event] = []  # released events not yet published
-        self._parks = 0
+        self._parks = 0  # tasks parked, and released, since the start (for the log)
+        self._released = 0
         self._sorting: asyncio.Task[None] | None = None
         self._sort_again = False
         # task id -> newest incarnation, of tasks the storer's reconciler rescued (oldest first).
@@ -239,13 +240,19 @@ class Governor(Service):
             asyncio.create_task(self._dispatch()),
         ]
         # One channel per shard, each consumer with its window (prefetch is per consumer).
-        self.shard_channels: list[AbstractChannel] = []
-        for spec in topology.shard_queues:
-            channel = await self.broker.channel(prefetch=s.frontier_window)
-            self.shard_channels.append(channel)
-            await self.broker.consume(
-                spec, Task, self._on_task, stage="governor", channel=channel, max_crashes=SHARD_MAX_CRASHES
+        # All at once: a shard's window fills as soon as it is consumed, and one at a time the
+        # later shards' declarations would wait behind the first ones' deliveries.
+        self.shard_channels: list[AbstractChannel] = [
+            await self.broker.channel(prefetch=s.frontier_window) for _ in topology.shard_queues
+        ]
+        await asyncio.gather(
+            *(
+                self.broker.consume(
+                    spec, Task, self._on_task, stage="governor", channel=channel, max_crashes=SHARD_MAX_CRASHES
+                )
+                for spec, channel in zip(topology.shard_queues, self.shard_channels, strict=True)
             )
+        )
         await self.broker.consume(topology.unrouted, Task, self._on_unrouted, stage="governor", prefetch=64)
         if any(job.state != "running" for job in self.jobs.values()):
             self._sort_paused()
@@ -656,8 +663,12 @@ class Governor(Service):
                 log.exception("dispatching failed")
                 timeout = TICK
             self._kicked.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._kicked.wait(), timeout)
+            # A timer handle, not `wait_for`: this loop turns on every kick, and `wait_for`
+            # makes a task each time.
+            timer = None if timeout is None else asyncio.get_running_loop().call_later(timeout, self._kicked.set)
+            await self._kicked.wait()
+            if timer is not None:
+                timer.cancel()
 
     def _dispatch_due(self) -> float | None:
         """Decide for every domain due now; seconds until the next one is due (None: none is)."""
@@ -742,6 +753,7 @@ class Governor(Service):
             log.warning("releasing %s failed: %s", task.url, exc)
             return
         self._releases.append(event)
+        self._released += 1
         if len(self._releases) >= RELEASE_BATCH:
             self._spawn(self._flush_releases())
 
@@ -799,14 +811,14 @@ class Governor(Service):
         last = parks = 0
         while True:
             await asyncio.sleep(every)
-            released = sum(ks.released for ks in self.core.keys.values())
+            released = self._released  # a forgotten domain takes its own count with it
             lag_sum, lag_n = self._lag
             self._lag = [0.0, 0]
             held = sum(line.held_count() for line in self.lines.values())
             log.info(
                 "%.0f permits/s; %d domains, %d tasks held, %.0f parked/s; %d in flight of %d; "
                 "outcomes heard %.0f ms after the fact",
-                max(released - last, 0) / every,
+                (released - last) / every,
                 len(self.lines),
                 held,
                 (self._parks - parks) / every,
