@@ -161,7 +161,7 @@ async def test_a_task_lost_again_and_again_ends_dead_as_stalled_after_its_rescue
     assert (row["stalled"], row["rescued"], row["dead"], row["pending"]) == (3, 3, 3, 0)
     table = (await hutch(env, "status", "doomed")).splitlines()
     assert table[0].split()[-2:] == ["stalled", "rescued"]
-    assert table[1].split() == ["doomed", "3", "0", "3", "0", "0", "3", "3"]
+    assert table[1].split() == ["doomed", "finished", "3", "0", "3", "0", "0", "0", "3", "3"]  # 0 cancelled
 
 
 async def hutch(env: dict[str, str], *args: str) -> str:
