@@ -101,6 +101,7 @@ EVENT_KEYS = ("outcome.#", "robots.#", "fetcher.heartbeat", "rescued.#", status_
 RESCUED_MEMORY = 100_000  # rescued tasks whose newest incarnation a governor remembers
 MAX_HELD_PER_JOB = 64  # held tasks of one domain and job, however fast its rate
 LONG_HOLD = 600.0  # seconds a task may wait held for the fleet's capacity before it is parked
+RETURN_SLACK = 5.0  # seconds a parked task may come back after its tier's delay
 DISPATCH_SLICE = 2000  # decisions before the dispatcher lets the loop run other work
 JOBS_QUIET = 0.3  # seconds without a record that mean the jobs stream is read to its end
 CATCH_UP_LIMIT = 30.0  # longest wait for the released log before releasing anyway
@@ -135,8 +136,25 @@ class JobLine:
     """One job's tasks in one domain: held here, and (an estimate) parked in the tiers."""
 
     held: collections.deque[Held] = field(default_factory=collections.deque)
-    parked: int = 0
+    # When the tasks parked in the tiers come back: whole second -> how many (an estimate:
+    # a governor that restarts starts again from none).
+    returns: dict[int, int] = field(default_factory=dict)
     served: float = 0.0  # releases divided by the job's weight (stride scheduling)
+
+    def parked(self, now: float) -> int:
+        for second in [t for t in self.returns if t < now - RETURN_SLACK]:
+            del self.returns[second]  # back by now
+        return sum(self.returns.values())
+
+    def supply(self, now: float, share: float) -> float:
+        """Seconds of this job's share of the rate that its tasks cover without a gap: those
+        held, then those parked, as they come back, as long as each comes back in time."""
+        tasks = float(len(self.held))
+        for second in sorted(t for t in self.returns if t >= now):
+            if tasks < share * (second - now):
+                break  # a gap before these come back
+            tasks += self.returns[second]
+        return tasks / share
 
 
 @dataclass
@@ -435,7 +453,7 @@ class Governor(Service):
             jobs = line.jobs.values() if line is not None else ()
             oldest = min((h.since for j in jobs for h in j.held), default=now)
             row["held"] = sum(len(j.held) for j in jobs)
-            row["parked"] = sum(j.parked for j in jobs)
+            row["parked"] = sum(j.parked(now) for j in jobs)
             row["jobs"] = len(line.jobs) if line is not None else 0
             row["oldest_held"] = round(now - oldest, 3)
         return rows
@@ -559,7 +577,10 @@ class Governor(Service):
         """This job's share of the domain's rate (tasks per second), by the weights of the
         jobs the domain has work of."""
         rate = self.core.key_state(self.core.key_of(domain)).aimd.rate
-        weights = sum(self._job(name).weight for name, jl in line.jobs.items() if name == job or jl.held or jl.parked)
+        now = time.time()
+        weights = sum(
+            self._job(name).weight for name, jl in line.jobs.items() if name == job or jl.held or jl.parked(now)
+        )
         return rate * self._job(job).weight / max(weights, 1e-9)
 
     def _hold_limit(self, domain: str, line: DomainLine, job: str) -> int:
@@ -567,10 +588,11 @@ class Governor(Service):
         return max(1, min(MAX_HELD_PER_JOB, math.ceil(wanted)))
 
     def _park_delay(self, domain: str, line: DomainLine, job: str, now: float) -> float:
-        jl = line.jobs[job]
-        ahead = len(jl.held) + jl.parked
-        delay = ahead / max(self._share(domain, line, job), 1e-6)
-        return max(delay, line.blocked_until - now)
+        """How long a task may stay parked: until the job's tasks held and parked before it
+        would run out at its share of the rate (a longer wait would leave the domain idle
+        while work waits in a tier), or the domain's long wait, whichever is later."""
+        share = max(self._share(domain, line, job), 1e-6)
+        return max(line.jobs[job].supply(now, share), line.blocked_until - now)
 
     def _tier_at_most(self, wanted: float) -> float:
         """The longest delay tier not longer than `wanted` (the shortest if none is)."""
@@ -581,10 +603,15 @@ class Governor(Service):
     async def _park(self, task: Task, line: DomainLine, job: JobLine, delay: float) -> None:
         topology = self.broker.topology
         tier = self._tier_at_most(delay)
-        await self.broker.publish(
-            topology.tier_exchange(tier), topology.shard_key(task.domain), task, headers={PARKED_HEADER: 1}
-        )
-        job.parked += 1
+        back = int(time.time() + tier)
+        job.returns[back] = job.returns.get(back, 0) + 1  # before the await: the next park counts it
+        try:
+            await self.broker.publish(
+                topology.tier_exchange(tier), topology.shard_key(task.domain), task, headers={PARKED_HEADER: 1}
+            )
+        except BaseException:
+            job.returns[back] -= 1
+            raise
         self._parks += 1
 
     async def _to_paused(self, task: Task) -> None:
@@ -603,8 +630,6 @@ class Governor(Service):
         jl = line.jobs.get(task.job)
         if jl is None:
             jl = line.jobs[task.job] = JobLine(served=min((j.served for j in line.jobs.values()), default=0.0))
-        if message.headers.get(PARKED_HEADER):
-            jl.parked = max(0, jl.parked - 1)
         state = self._job(task.job).state
         if state == "cancelled":
             raise Dead("cancelled", f"job {task.job} was cancelled", task)
@@ -796,7 +821,7 @@ class Governor(Service):
                         let_go(gone, "drop")  # the broker has given it to a consumer again
                 while jl.held and now - jl.held[0].since > LONG_HOLD:
                     let_go(jl.held.popleft(), "park", self.broker.topology.retry_delays[0])
-            for name in [name for name, jl in line.jobs.items() if not jl.held and not jl.parked]:
+            for name in [name for name, jl in line.jobs.items() if not jl.held and not jl.parked(now)]:
                 del line.jobs[name]  # done here (or its parked estimate ran out)
             if line.held_count() or now - line.touched < idle_after or not self.core.idle(domain):
                 continue
