@@ -9,7 +9,8 @@ fixed shard queues), then a governor process and the stand-in fetcher
 (`governor_standin.py`: acks each task after its confirmed `ok` outcome, heartbeats a
 concurrency of 1,000) drain them. Settings are the defaults (2 requests/s and burst 1 per
 domain, 16 shards, a window of 256 per shard, `max_ready` 200, permits of 30 s) except
-robots.txt, off: nothing serves one. The storer's and proxy-manager's event queues are
+robots.txt, off: nothing serves one (`HUTCH_` variables change the rest, for experiments:
+the settings used are printed). The storer's and proxy-manager's event queues are
 deleted once the governor runs (they do not run here and would fill up).
 
 Measured: the node's memory (`erlang:memory(total)`) and the descriptors its VM holds
@@ -155,6 +156,9 @@ async def one(domains: int, args: argparse.Namespace, work: Path) -> Result:
         raise SystemExit("cannot find the broker's VM on this machine (its memory and descriptors are measured)")
     with bench_vhost("frontier") as url:
         settings = Settings(amqp_url=url, namespace="bench", data_dir=work / "data", respect_robots=False)
+        print(f"  settings: rate {settings.rate:g}/s, burst {settings.burst}, {settings.frontier_shards} shards, "
+              f"window {settings.frontier_window}, hold horizon {settings.hold_horizon:g}s, max_ready "
+              f"{settings.max_ready}, permits {settings.permit_ttl:g}s, robots.txt off", flush=True)
         await (await Broker(settings, "bench-declare").connect()).close()  # the static topology first
         await asyncio.sleep(2)
         memory0, fds0 = node_memory(), fd_count(beam)
