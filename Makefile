@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test unit integration e2e chaos lint broker bench bench-governor bench-proxy bench-submit bench-store bench-parse clean help
+.PHONY: demo test unit integration e2e chaos lint broker bench bench-governor bench-frontier bench-proxy bench-submit bench-store bench-parse clean help
 
 help:
 	@echo "make demo   - set up, make sure RabbitMQ is reachable, run the sample job against the sandbox"
@@ -50,12 +50,17 @@ lint: $(STAMP)
 	cd build/typecheck && ../../$(VENV)/bin/mypy -p hutch --config-file ../../pyproject.toml
 
 # Benchmarks print their figures; docs/benchmarks.md records them with their configs.
-bench: bench-governor bench-proxy bench-submit bench-store bench-parse
+bench: bench-governor bench-frontier bench-proxy bench-submit bench-store bench-parse
 
 bench-governor: broker
 	$(PY) bench/governor_sites.py
 	$(PY) bench/governor_permits.py
 	$(PY) bench/governor_memory.py
+
+# On a RabbitMQ node of its own (ulimit -n 20000), started and stopped by the benchmark.
+bench-frontier: $(STAMP)
+	$(PY) bench/frontier_scale.py --private-node
+	$(PY) bench/frontier_two_jobs.py
 
 bench-proxy: broker
 	$(PY) bench/proxy_escalation.py

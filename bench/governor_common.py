@@ -2,6 +2,10 @@
 
 Every benchmark runs in its own RabbitMQ vhost, created with `rabbitmqctl` and deleted at the
 end (with every queue in it), and sends HTTP only to the loopback sandbox.
+
+The broker is the machine's shared one unless two variables name another node on this
+machine (`bench/broker_node.py start` prints them): `BENCH_AMQP_URL`, its AMQP URL, and
+`BENCH_RABBITMQ_NODE`, its node name for `rabbitmqctl -n`.
 """
 
 from __future__ import annotations
@@ -16,20 +20,30 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from pathlib import Path
 from urllib.parse import quote, urlsplit, urlunsplit
 
+from hutch.amqp import Broker
+from hutch.models import Task
 from hutch.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[1]
-BASE_URL = os.environ.get("HUTCH_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
+BASE_URL = os.environ.get("BENCH_AMQP_URL") or os.environ.get("HUTCH_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
+NODE = os.environ.get("BENCH_RABBITMQ_NODE")  # None: the CLI's default node, the shared broker
+
+
+def use_node(url: str, nodename: str) -> None:
+    """Point every later benchmark call at another node (as the two variables do)."""
+    global BASE_URL, NODE
+    BASE_URL, NODE = url, nodename
 
 
 def rabbitmqctl(*args: str, check: bool = True) -> str:
     if shutil.which("rabbitmqctl") is None:
         raise SystemExit("the benchmarks need rabbitmqctl (a local RabbitMQ) for their own vhost")
-    done = subprocess.run(["rabbitmqctl", *args], capture_output=True, text=True, timeout=120)
+    node = ["-n", NODE] if NODE else []
+    done = subprocess.run(["rabbitmqctl", *node, *args], capture_output=True, text=True, timeout=120)
     if check and done.returncode != 0:
         raise SystemExit(f"rabbitmqctl {' '.join(args)} failed: {done.stderr.strip()}")
     return done.stdout
@@ -68,7 +82,8 @@ def check_fd_room(queues: int, margin: int = 300) -> None:
     A classic queue with messages keeps files open (3 for a version 2 queue, which Hutch
     declares; 1 for version 1): on RabbitMQ 3.10 a node that runs out of descriptors (`emfile`)
     does not degrade, it stops, and will not boot again while the queues are still there. So
-    the benchmarks check first.
+    the benchmarks check first. The frontier is a fixed number of shard queues whatever the
+    number of domains, so callers pass the shard count (plus the queues around them).
     """
     used, limit = broker_fd_room()
     need = FDS_PER_QUEUE * queues + margin
@@ -164,10 +179,25 @@ def cpu_seconds(pid: int) -> float:
 
 
 def broker_pid() -> int | None:
-    """The local RabbitMQ node's process id, or None when the broker is not on this machine."""
-    done = subprocess.run(["pgrep", "-f", "beam.smp.*rabbit"], capture_output=True, text=True)
-    pids = done.stdout.split()
-    return int(pids[0]) if pids else None
+    """The benchmarked node's VM process id (asked of the node: several may run here), or None."""
+    text = rabbitmqctl("eval", "os:getpid().", check=False).strip().strip('"')
+    return int(text) if text.isdigit() and Path(f"/proc/{text}").exists() else None
+
+
+def node_memory() -> int:
+    """Bytes the benchmarked node's VM has allocated (`erlang:memory(total)`)."""
+    text = rabbitmqctl("eval", "erlang:memory(total).").strip()
+    if not text.isdigit():
+        raise SystemExit(f"cannot read the node's memory: {text!r}")
+    return int(text)
+
+
+def fd_count(pid: int) -> int:
+    """File descriptors a process holds open right now (Linux; root or the same user)."""
+    try:
+        return len(os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
+        return 0
 
 
 def rss_kib(pid: int) -> int:
@@ -176,3 +206,35 @@ def rss_kib(pid: int) -> int:
         if line.startswith("VmRSS:"):
             return int(line.split()[1])
     return 0
+
+
+def bench_tasks(domains: list[str], per_domain: int, job: str = "bench") -> Iterator[Task]:
+    """`per_domain` tasks for each domain, round robin: a broad job's order (every domain's
+    first page, then every second page, ...)."""
+    for k in range(per_domain):
+        for name in domains:
+            yield Task(id=f"{job}-{name}-{k}", job=job, url=f"http://{name}/page/{k}", domain=name)
+
+
+async def preload(settings: Settings, tasks: Iterable[Task], batch: int = 2000,
+                  progress: Callable[[int], None] | None = None) -> int:
+    """Publish tasks into the frontier as the submitter does (confirmed, under the shard key
+    of their domain), `batch` confirms in flight at a time; how many were published."""
+    broker = await Broker(settings, "bench-preload").connect()
+    topology = broker.topology
+    sent = 0
+    pending: list[Awaitable[None]] = []
+    try:
+        for task in tasks:
+            pending.append(broker.publish(topology.frontier, topology.shard_key(task.domain), task))
+            if len(pending) >= batch:
+                await asyncio.gather(*pending)
+                sent += len(pending)
+                pending = []
+                if progress is not None:
+                    progress(sent)
+        await asyncio.gather(*pending)
+        sent += len(pending)
+    finally:
+        await broker.close()
+    return sent

@@ -2,10 +2,10 @@
 
     .venv/bin/python bench/governor_permits.py [--domains 1000] [--per-domain 50] [--runs 3]
 
-Each run gets a fresh vhost; every domain queue is filled (declared and recorded in the
-domain registry as the governor would, then `--per-domain` tasks each through the
-frontier). A governor process then starts (it found the domains: it waits one permit
-lifetime, 5 s here, before releasing) with every domain at 50/s, burst 1, and a stand-in
+Each run gets a fresh vhost; `--per-domain` tasks per domain go through the frontier as
+the submitter sends them (round robin over the domains, each under its domain's shard key,
+so into the fixed shard queues). A governor process then starts (it reads the released log
+to its end before releasing) with every domain at 50/s, burst 1, and a stand-in
 process drains `fetch.ready`, acking each task after its confirmed outcome event (see
 `governor_standin.py`), with heartbeats. The figure is permits per second seen by the
 stand-in over `--measure` seconds after a 2 s warm-up; the median of the runs is the result.
@@ -30,18 +30,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from governor_common import (
     Process,
+    bench_tasks,
     bench_vhost,
     broker_pid,
     check_fd_room,
     child_env,
     cpu_seconds,
+    preload,
     processes,
     service,
 )
 
-from hutch.amqp import Broker, declare_queue
-from hutch.domains import routing_key
-from hutch.models import DomainRecord, Task
+from hutch.amqp import Broker
 from hutch.settings import Settings
 
 HERE = Path(__file__).resolve().parent
@@ -59,37 +59,6 @@ def bench_settings(url: str, data: Path) -> Settings:
         concurrency_per_domain=50,
         respect_robots=False,
     )
-
-
-async def preload(settings: Settings, domains: int, per_domain: int) -> float:
-    broker = await Broker(settings, "bench-preload").connect()
-    started = time.monotonic()
-    try:
-        topology = broker.topology
-        channel = await broker.channel()
-        names = [f"d{i:05d}.bench.example" for i in range(domains)]
-        for name in names:
-            await declare_queue(channel, topology.domain_queue(name))
-        await channel.close()
-        await asyncio.gather(*(broker.publish("", topology.domains, DomainRecord(domain=n)) for n in names))
-        batch = []
-        for k in range(per_domain):
-            for name in names:
-                url = f"http://{name}/page/{k}"
-                batch.append(
-                    broker.publish(
-                        topology.frontier,
-                        routing_key(name),
-                        Task(id=f"{name}-{k}", job="bench", url=url, domain=name),
-                    )
-                )
-                if len(batch) >= 2000:
-                    await asyncio.gather(*batch)
-                    batch = []
-        await asyncio.gather(*batch)
-    finally:
-        await broker.close()
-    return time.monotonic() - started
 
 
 async def drop_other_consumers_queues(settings: Settings) -> None:
@@ -120,11 +89,14 @@ def read_counts(path: Path) -> list[tuple[float, int, float]]:
 
 
 async def one_run(args: argparse.Namespace, label: str, profile: Path | None = None) -> float:
-    check_fd_room(args.domains)
     with bench_vhost("permits") as url, tempfile.TemporaryDirectory() as tmp:
         work = Path(args.keep) if args.keep else Path(tmp)
         settings = bench_settings(url, work / "data")
-        loaded = await preload(settings, args.domains, args.per_domain)
+        check_fd_room(settings.frontier_shards)
+        started = time.monotonic()
+        names = [f"d{i:05d}.bench.example" for i in range(args.domains)]
+        await preload(settings, bench_tasks(names, args.per_domain))
+        loaded = time.monotonic() - started
         print(f"  {label}: preloaded {args.domains * args.per_domain} tasks in {loaded:.1f}s", flush=True)
         counts = work / "counts.jsonl"
         env = child_env(settings, BENCH_COUNTS=str(counts))
@@ -134,14 +106,22 @@ async def one_run(args: argparse.Namespace, label: str, profile: Path | None = N
             governor = Process("governor", [os.environ["BENCH_GOVERNOR_SCRIPT"]], env, work)
         async with processes(standin, governor):
             await standin.wait_ready()
-            await governor.wait_ready()
+            begun = time.monotonic()
+            # The governor releases from its first shard on and logs "ready" once it consumes
+            # every shard: the measurement starts from the first permit, not from "ready".
+            ready_at: list[float] = []
+            ready = asyncio.create_task(governor.wait_ready(timeout=300))
+            ready.add_done_callback(
+                lambda t: ready_at.append(time.monotonic()) if not t.cancelled() and not t.exception() else None
+            )
+            deadline = time.monotonic() + 120
+            while not any(c for _, c, _ in read_counts(counts)):
+                if time.monotonic() > deadline or (ready.done() and ready.exception()):
+                    raise RuntimeError(f"no permit within 120s; see {work}")
+                await asyncio.sleep(0.2)
+            print(f"  {label}: first permit {time.monotonic() - begun:.1f}s after the governor started", flush=True)
             if not args.keep_other_queues:
                 await drop_other_consumers_queues(settings)
-            deadline = time.monotonic() + 60
-            while not any(c for _, c, _ in read_counts(counts)):
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"no permit within 60s; see {work}")
-                await asyncio.sleep(0.2)
             await asyncio.sleep(2.0)  # warm-up
             pids = {"governor": governor.pid, "stand-in": standin.pid, "broker": broker_pid()}
             cpu0 = {name: cpu_seconds(pid) for name, pid in pids.items() if pid}
@@ -152,6 +132,9 @@ async def one_run(args: argparse.Namespace, label: str, profile: Path | None = N
             t1, c1, a1 = read_counts(counts)[-1]
             cpu1 = {name: cpu_seconds(pids[name]) for name in cpu0}
             wall = time.monotonic() - w0
+            ready.cancel()
+            when = f"{ready_at[0] - begun:.1f}s after it started" if ready_at else "not yet at the end"
+            print(f"  {label}: governor ready (every shard consumed): {when}", flush=True)
             await governor.stop(timeout=90)
         rate = (c1 - c0) / (t1 - t0)
         total = args.domains * args.per_domain
