@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import signal
 import sys
 import tempfile
 import time
@@ -123,6 +124,11 @@ async def main() -> None:
     parser.add_argument("--logs", help="folder for the services' log (default: a temporary one)")
     args = parser.parse_args()
     make_folder(args.logs)
+    # SIGTERM (a `timeout`, a Ctrl-C from a supervisor) cancels the run, so the services
+    # are stopped and the vhost deleted on the way out instead of left running.
+    current = asyncio.current_task()
+    assert current is not None
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, current.cancel)
     if args.logs:
         await run(args, Path(args.logs))
     else:
