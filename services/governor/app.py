@@ -101,7 +101,6 @@ EVENT_KEYS = ("outcome.#", "robots.#", "fetcher.heartbeat", "rescued.#", status_
 RESCUED_MEMORY = 100_000  # rescued tasks whose newest incarnation a governor remembers
 MAX_HELD_PER_JOB = 64  # held tasks of one domain and job, however fast its rate
 LONG_HOLD = 600.0  # seconds a task may wait held for the fleet's capacity before it is parked
-RETURN_SLACK = 5.0  # seconds a parked task may come back after its tier's delay
 DISPATCH_SLICE = 2000  # decisions before the dispatcher lets the loop run other work
 JOBS_QUIET = 0.3  # seconds without a record that mean the jobs stream is read to its end
 CATCH_UP_LIMIT = 30.0  # longest wait for the released log before releasing anyway
@@ -142,7 +141,7 @@ class JobLine:
     served: float = 0.0  # releases divided by the job's weight (stride scheduling)
 
     def parked(self, now: float) -> int:
-        for second in [t for t in self.returns if t < now - RETURN_SLACK]:
+        for second in [t for t in self.returns if t + 1 <= now]:
             del self.returns[second]  # back by now
         return sum(self.returns.values())
 
