@@ -40,7 +40,7 @@ async def test_jobs_run_pause_and_resume_on_a_quorum_frontier(
     finally:
         await broker.close()
     await asyncio.sleep(0.5)
-    urls = sandbox.urls()
+    urls = sandbox.urls()[::3]  # 80 over the three faulty sites: enough for every path
     await submit_job(settings, "now", urls[::2])
     await submit_job(settings, "later", urls[1::2])
     await services.wait_done("now", timeout=120)
