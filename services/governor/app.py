@@ -744,7 +744,7 @@ class Governor(Service):
             self._schedule(domain, line, due)  # keeps its place in the order
             return "gate"
         wait = verdict.until - now
-        if verdict.why.endswith("in flight"):
+        if verdict.in_flight:
             # Its `until` is the first lease's expiry, the worst case: an outcome ends a lease
             # (and wakes the domain) long before, so this is no long wait to park for.
             self._schedule(domain, line, min(verdict.until, now + 1.0))

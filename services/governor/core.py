@@ -73,6 +73,9 @@ class Verdict:
     why: str = ""
     robots: str | None = None  # release: fetch this origin's robots.txt instead of the task
     gate: bool = False  # wait: for the fleet's capacity (served in arrival order)
+    # wait: for a fetch in flight to end; `until` is the worst case (the first lease's
+    # expiry), and an outcome usually ends it long before
+    in_flight: bool = False
 
 
 RELEASE = Verdict("release")
@@ -221,7 +224,7 @@ class Core:
                 fetch_robots = origin_of(url)
         if self.leases.count(key) >= ks.limit.concurrency:
             until = self.leases.next_expiry(key) or now + 1.0
-            return Verdict("wait", until, f"{ks.limit.concurrency} fetches in flight")
+            return Verdict("wait", until, f"{ks.limit.concurrency} fetches in flight", in_flight=True)
         wait = ks.bucket.wait_time()
         if wait > 0:
             return Verdict("wait", now + wait, "rate")
