@@ -100,6 +100,7 @@ SHARD_MAX_CRASHES = 50
 EVENT_KEYS = ("outcome.#", "robots.#", "fetcher.heartbeat", "rescued.#", status_routing_key())
 RESCUED_MEMORY = 100_000  # rescued tasks whose newest incarnation a governor remembers
 MAX_HELD_PER_JOB = 64  # held tasks of one domain and job, however fast its rate
+PACE_WINDOW = 1.0  # seconds over which a busy domain's releases measure its pace
 LONG_HOLD = 600.0  # seconds a task may wait held for the fleet's capacity before it is parked
 DISPATCH_SLICE = 2000  # decisions before the dispatcher lets the loop run other work
 JOBS_QUIET = 0.3  # seconds without a record that mean the jobs stream is read to its end
@@ -140,6 +141,14 @@ class JobLine:
     returns: dict[int, int] = field(default_factory=dict)
     served: float = 0.0  # releases divided by the job's weight (stride scheduling)
 
+    def came_back(self, second: int) -> None:
+        """One task parked to come back in `second` is back: no longer to come."""
+        left = self.returns.get(second, 0) - 1
+        if left > 0:
+            self.returns[second] = left
+        elif left == 0:
+            del self.returns[second]
+
     def parked(self, now: float) -> int:
         for second in [t for t in self.returns if t + 1 <= now]:
             del self.returns[second]  # back by now
@@ -163,9 +172,26 @@ class DomainLine:
     scheduled: bool = False
     blocked_until: float = 0.0  # a long wait (pause, robots.txt, takeover): new tasks park at once
     touched: float = 0.0
+    busy_since: float | None = None  # since when it has always had a task held
+    releases: collections.deque[float] = field(default_factory=collections.deque)  # the last PACE_WINDOW's
 
     def held_count(self) -> int:
         return sum(len(j.held) for j in self.jobs.values())
+
+    def released(self, now: float) -> None:
+        self.releases.append(now)
+        while self.releases[0] <= now - PACE_WINDOW:
+            self.releases.popleft()
+
+    def pace(self, now: float) -> float | None:
+        """Releases per second while it always had work held: the pace the fleet really
+        drains it at (its concurrency cap, its fetch time and the fetchers' capacity all
+        slow it below its rate). None until it has been busy for a whole window."""
+        if self.busy_since is None or now - self.busy_since < PACE_WINDOW:
+            return None
+        while self.releases and self.releases[0] <= now - PACE_WINDOW:
+            self.releases.popleft()
+        return len(self.releases) / PACE_WINDOW
 
 
 @dataclass
@@ -588,10 +614,18 @@ class Governor(Service):
 
     def _park_delay(self, domain: str, line: DomainLine, job: str, now: float) -> float:
         """How long a task may stay parked: until the job's tasks held and parked before it
-        would run out at its share of the rate (a longer wait would leave the domain idle
-        while work waits in a tier), or the domain's long wait, whichever is later."""
-        share = max(self._share(domain, line, job), 1e-6)
-        return max(line.jobs[job].supply(now, share), line.blocked_until - now)
+        would run out at its share of the domain's pace (a longer wait would leave the domain
+        idle while work waits in a tier), or the domain's long wait, whichever is later.
+
+        The pace is the rate unless the domain is measured to drain slower: a domain with no
+        binding limit, paced by its fetches, would otherwise have every parked task sent to
+        the shortest tier, and back, and parked again, many times over."""
+        share = self._share(domain, line, job)
+        pace = line.pace(now)
+        rate = self.core.key_state(self.core.key_of(domain)).aimd.rate
+        if pace is not None and 0 < pace < rate:
+            share *= pace / rate
+        return max(line.jobs[job].supply(now, max(share, 1e-6)), line.blocked_until - now)
 
     def _tier_at_most(self, wanted: float) -> float:
         """The longest delay tier not longer than `wanted` (the shortest if none is)."""
@@ -606,7 +640,7 @@ class Governor(Service):
         job.returns[back] = job.returns.get(back, 0) + 1  # before the await: the next park counts it
         try:
             await self.broker.publish(
-                topology.tier_exchange(tier), topology.shard_key(task.domain), task, headers={PARKED_HEADER: 1}
+                topology.tier_exchange(tier), topology.shard_key(task.domain), task, headers={PARKED_HEADER: back}
             )
         except BaseException:
             job.returns[back] -= 1
@@ -629,6 +663,9 @@ class Governor(Service):
         jl = line.jobs.get(task.job)
         if jl is None:
             jl = line.jobs[task.job] = JobLine(served=min((j.served for j in line.jobs.values()), default=0.0))
+        back = message.properties.headers.get(PARKED_HEADER) if message.properties.headers else None
+        if isinstance(back, int):
+            jl.came_back(back)  # counted as still to come no longer
         state = self._job(task.job).state
         if state == "cancelled":
             raise Dead("cancelled", f"job {task.job} was cancelled", task)
@@ -641,6 +678,8 @@ class Governor(Service):
         self.core.activate(domain)
         held = Held(task, message, now, asyncio.get_running_loop().create_future())
         jl.held.append(held)
+        if line.busy_since is None:
+            line.busy_since = now
         if not line.scheduled:
             self._schedule(domain, line, now)
         self._kick()
@@ -730,6 +769,9 @@ class Governor(Service):
                 jl.held.popleft()
                 jl.served += 1.0 / self._job(job_name).weight
                 let_go(held, "release", core.commit(held.task, domain))
+                line.released(now)
+                if not jl.held and not line.held_count():
+                    line.busy_since = None
             self._schedule(domain, line, now)
             return "release"
         if verdict.action in ("dead", "drop"):
@@ -756,6 +798,7 @@ class Governor(Service):
                 for each in jl_each.held:
                     let_go(each, "park", wait)
                 jl_each.held.clear()
+            line.busy_since = None
             log.debug("domain %s waits %.1f s (%s): its tasks parked", domain, wait, verdict.why)
             return "parked"
         self._schedule(domain, line, verdict.until)

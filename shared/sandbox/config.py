@@ -12,6 +12,7 @@ against a server that never misbehaves. Shape, with defaults::
         port: 0                # 0 = a free port chosen at start
         pages: 100             # serves /page/0 .. /page/99
         latency_ms: [0, 0]     # uniform per request on normal pages; a single number is [n, n]
+        page_kb: 0             # above 0: each page is a documentation page of about this many KiB
         robots_txt: null       # body of /robots.txt; null = allow everything
         tls: false             # true: https, with a certificate of the sandbox's test CA (tls.py)
         faults:                # probabilities per normal-page request, drawn independently;
@@ -122,6 +123,7 @@ class SiteConfig(_Strict):
     port: Port = 0
     pages: Annotated[int, Field(ge=1, le=1_000_000)] = 100
     latency_ms: tuple[int, int] = (0, 0)
+    page_kb: Annotated[int, Field(ge=0, le=4096)] = 0
     robots_txt: str | None = None
     tls: bool = False
     faults: FaultConfig = FaultConfig()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import codecs
 import hashlib
+import random
 from html import escape
 from typing import TypedDict
 
@@ -112,20 +113,99 @@ def expected_page(site_name: str, i: int) -> PageFields:
     }
 
 
-def render_page(site_name: str, i: int) -> str:
-    """The HTML of /page/<i>: the only anchors are the page's links."""
+def render_page(site_name: str, i: int, size_kb: int = 0) -> str:
+    """The HTML of /page/<i>: the only anchors are the page's links.
+
+    With ``size_kb`` above 0 the page is a documentation page of about that many KiB: the
+    same fields, inside the markup a real one carries (head assets, navigation, a sidebar,
+    sections of prose, code, tables and lists, a footer, inline script). Its extra anchors
+    point only at fragments (``#...``), so the page's links stay exactly ``links``.
+    """
     page = expected_page(site_name, i)
     items = "".join(f'<li><a href="{link}">{link}</a></li>' for link in map(escape, page["links"]))
-    return (
-        "<!DOCTYPE html>\n"
-        '<html lang="en"><head><meta charset="utf-8">'
-        f"<title>{escape(page['title'])}</title></head>\n"
-        f"<body>\n<h1>{escape(page['h1'])}</h1>\n"
+    fields = (
+        f"<h1>{escape(page['h1'])}</h1>\n"
         f'<span class="price">{escape(page["price"])}</span>\n'
         f'<p class="desc">{escape(page["description"])}</p>\n'
         f'<ul class="links">{items}</ul>\n'
-        "</body></html>\n"
     )
+    if size_kb <= 0:
+        return (
+            "<!DOCTYPE html>\n"
+            '<html lang="en"><head><meta charset="utf-8">'
+            f"<title>{escape(page['title'])}</title></head>\n"
+            f"<body>\n{fields}</body></html>\n"
+        )
+    return _documentation_page(site_name, i, page["title"], fields, size_kb * 1024)
+
+
+def _documentation_page(site_name: str, i: int, title: str, fields: str, size: int) -> str:
+    rng = random.Random(_number(site_name, i, "document"))
+
+    def words(low: int, high: int) -> str:
+        return " ".join(rng.choice(_WORDS) for _ in range(rng.randint(low, high)))
+
+    head = (
+        "<!DOCTYPE html>\n<html lang=\"en\" data-content_root=\"../\">\n<head>\n"
+        '  <meta charset="utf-8">\n  <meta name="viewport" content="width=device-width, initial-scale=1">\n'
+        f"  <title>{escape(title)}</title>\n"
+        '  <link rel="stylesheet" type="text/css" href="/_static/pygments.css?v=4f649999">\n'
+        '  <link rel="stylesheet" type="text/css" href="/_static/theme.css?v=19f00094">\n'
+        '  <script src="/_static/documentation_options.js?v=5929fcd5"></script>\n'
+        "  <style>.highlight .k{color:#008000;font-weight:bold}.highlight .s{color:#ba2121}</style>\n"
+        "</head>\n<body>\n"
+    )
+    nav = "".join(
+        f'<li class="toctree-l{1 + k % 3}"><a class="reference internal" href="#s{k}">{words(1, 4)}</a></li>\n'
+        for k in range(40)
+    )
+    parts = [
+        head,
+        '<div class="related" role="navigation" aria-label="Related">\n<ul>\n',
+        nav,
+        '</ul>\n</div>\n<div class="document"><div class="body" role="main">\n<section id="top">\n',
+        fields,
+    ]
+    tail = (
+        "</section>\n</div></div>\n"
+        '<div class="footer" role="contentinfo">&#169; Copyright the authors. Built with a static site generator.</div>\n'
+        "<script>document.querySelectorAll('a.headerlink').forEach(function(a){a.title='Link';});</script>\n"
+        "</body>\n</html>\n"
+    )
+    total = sum(map(len, parts)) + len(tail)
+    k = 0
+    while total < size:
+        section = [f'<section id="s{k}">\n<h2>{words(2, 5).capitalize()}<a class="headerlink" href="#s{k}">¶</a></h2>\n']
+        for _ in range(rng.randint(2, 4)):
+            section.append(
+                f"<p>{words(30, 70).capitalize()} <code class=\"docutils literal\"><span class=\"pre\">"
+                f"{rng.choice(_WORDS)}()</span></code> {words(10, 30)}.</p>\n"
+            )
+        shape = k % 3
+        if shape == 0:
+            lines = "\n".join(
+                f'<span class="k">def</span> <span class="nf">{rng.choice(_WORDS)}_{n}</span>'
+                f'(<span class="n">x</span>): <span class="k">return</span> <span class="s">"{words(1, 3)}"</span>'
+                for n in range(rng.randint(3, 8))
+            )
+            section.append(f'<div class="highlight-python notranslate"><div class="highlight"><pre>{lines}</pre></div></div>\n')
+        elif shape == 1:
+            rows = "".join(
+                f'<tr class="row-{"odd" if n % 2 else "even"}"><td><p>{rng.choice(_WORDS)}</p></td>'
+                f"<td><p>{words(4, 12)}</p></td></tr>\n"
+                for n in range(rng.randint(4, 10))
+            )
+            section.append(f'<table class="docutils align-default"><tbody>\n{rows}</tbody></table>\n')
+        else:
+            entries = "".join(f"<li><p>{words(6, 18)}</p></li>\n" for _ in range(rng.randint(3, 7)))
+            section.append(f'<ul class="simple">\n{entries}</ul>\n')
+        section.append("</section>\n")
+        text = "".join(section)
+        parts.append(text)
+        total += len(text)
+        k += 1
+    parts.append(tail)
+    return "".join(parts)
 
 
 def index_page(site_name: str, pages: int) -> str:

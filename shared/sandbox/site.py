@@ -142,6 +142,7 @@ class SiteServer(Listener):
         self._hosts = hosts if hosts is not None else HostCounter()
         self._counts: dict[str, int] = {}
         self._flaky: dict[str, int] = {}
+        self._rendered: dict[int, str] = {}
         self._politeness = (
             Politeness(config.politeness.max_per_second, config.politeness.ban_seconds)
             if config.politeness is not None
@@ -165,6 +166,14 @@ class SiteServer(Listener):
 
     def urls(self) -> list[str]:
         return [self.page_url(i) for i in range(self.config.pages)]
+
+    def _page(self, i: int) -> str:
+        if not self.config.page_kb:
+            return render_page(self.name, i)
+        body = self._rendered.get(i)  # large pages cost milliseconds to build: built once
+        if body is None:
+            body = self._rendered[i] = render_page(self.name, i, self.config.page_kb)
+        return body
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = writer.get_extra_info("peername")
@@ -261,7 +270,7 @@ class SiteServer(Listener):
             match = _PAGE.fullmatch(path)
             if match is None or int(match[1]) >= self.config.pages:
                 return Decision(_text(404, "not found"))
-            body = render_page(self.name, int(match[1]))
+            body = self._page(int(match[1]))
         return self._normal(request.target, client, body)
 
     def _normal(self, target: str, client: str, body: str) -> Decision:

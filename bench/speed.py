@@ -1,0 +1,339 @@
+"""What a user gets per page: Hutch against a bare asyncio loop, on one machine, side by side.
+
+    .venv/bin/python bench/speed.py [--runs 3] [--shapes small,large,limited,polite]
+    .venv/bin/python bench/speed.py --shapes memory        # the 100,000-URL memory run
+
+Everything runs on a RabbitMQ node of the benchmark's own (`bench/broker_node.py`), started
+here and stopped at the end, so the shared broker's other traffic stays out of the figures.
+Each run of each shape gets a fresh vhost, a fresh store and a fresh sandbox (in this
+process), and starts the five services as processes (`hutch up`'s supervisor) on default
+settings. Only what defines the workload is set: the per-domain rate (the "no limit" shapes
+raise it out of the way), the sandbox's addresses, and the number of fetchers.
+
+Shapes (each run `--runs` times; medians printed):
+
+- `small`: 4 domains x 1,000 small pages, 20 ms latency, no limit, 1 fetcher;
+- `large`: 4 domains x 500 documentation pages of about 100 KB, 20 ms latency, no limit;
+- `limited`: 4 domains x 240 of those pages at 8 requests/s each (burst 1, the default), no
+  faults, with 1, 2 and 4 fetchers;
+- `polite`: `bench/governor_sites.yaml` (6 domains x 150 pages, 4 requests/s each, with
+  hangs, 500s and 429s) on default settings otherwise;
+- `bare`: the bare loop (`bench/bare_loop.py`, 16 in flight) on the small and the large pages;
+- `memory` (only when asked): 100,000 small pages over 20 domains, no limit; the resident
+  memory of every service at 20 % and at 100 % of the job.
+
+Printed for each shape: pages/s (URLs finished, stored or dead, over the time from submit
+to the last one finished); the ratio to the sum of the limits; the worst count any domain
+received at the site within one second (a sliding window, robots.txt included); and the CPU
+seconds per 1,000 pages of every process: each service, the broker's VM, and the submitting
+`hutch submit` process. The sandbox is this process and is not counted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from broker_node import private_node
+from governor_common import bench_vhost, child_env, cpu_seconds, use_node
+
+from hutch.sandbox import Sandbox
+from hutch.sandbox.config import SandboxConfig, SiteConfig, load_config
+from hutch.services.control.supervisor import Supervisor
+from hutch.settings import Settings
+from hutch.store import Store
+
+ROOT = Path(__file__).resolve().parents[1]
+NO_LIMIT = 100_000.0  # requests/s per domain: far above anything the sandbox can serve
+SPEC_YAML = """fields:
+  title: "css:title::text"
+  h1: "css:h1::text"
+  price: "css:span.price::text"
+  description: "css:p.desc::text"
+  links: {css: "ul.links a::attr(href)", many: true}
+"""
+JOB_LIMIT = 900.0  # seconds any one job may take before the run is reported as unfinished
+
+
+@dataclass
+class Shape:
+    name: str
+    sites: list[SiteConfig]
+    rate: float | None  # None: no limit
+    fetchers: int = 1
+    seed: int = 7
+    bare: bool = False  # the bare loop instead of Hutch
+
+    @property
+    def pages(self) -> int:
+        return sum(site.pages for site in self.sites)
+
+
+@dataclass
+class Run:
+    pages: int
+    finished: int
+    stored: int
+    seconds: float
+    worst_second: int
+    cpu: dict[str, float] = field(default_factory=dict)  # process label -> CPU seconds
+    rss: dict[str, tuple[int, int]] = field(default_factory=dict)  # label -> (KiB at 20 %, at 100 %)
+
+    @property
+    def rate(self) -> float:
+        return self.finished / self.seconds if self.seconds else 0.0
+
+
+def sites(count: int, pages: int, page_kb: int = 0, latency: int = 20, prefix: str = "d") -> list[SiteConfig]:
+    return [
+        SiteConfig(name=f"{prefix}{n}", pages=pages, page_kb=page_kb, latency_ms=(latency, latency))
+        for n in range(count)
+    ]
+
+
+def shapes(selected: list[str]) -> list[Shape]:
+    polite = load_config(ROOT / "bench" / "governor_sites.yaml")
+    table: dict[str, list[Shape]] = {
+        "small": [Shape("small pages, no limit", sites(4, 1000), None)],
+        "large": [Shape("~100 KB pages, no limit", sites(4, 500, page_kb=100), None)],
+        "limited": [
+            Shape(f"~100 KB pages, 8/s per domain, {n} fetcher(s)", sites(4, 240, page_kb=100), 8.0, fetchers=n)
+            for n in (1, 2, 4)
+        ],
+        "polite": [Shape("polite with faults, 4/s, defaults", polite.sites, 4.0, seed=polite.seed)],
+        "bare": [
+            Shape("bare loop, small pages", sites(4, 1000), None, bare=True),
+            Shape("bare loop, ~100 KB pages", sites(4, 500, page_kb=100), None, bare=True),
+        ],
+        "memory": [Shape("memory: 100,000 small pages, no limit", sites(20, 5000), None)],
+    }
+    unknown = set(selected) - set(table)
+    if unknown:
+        raise SystemExit(f"unknown shapes: {', '.join(sorted(unknown))}; known: {', '.join(table)}")
+    return [shape for name in selected for shape in table[name]]
+
+
+def rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+def run_measured(argv: list[str], env: dict[str, str]) -> tuple[int, float, str]:
+    """Run a child to its end: (exit status, its CPU seconds, its output)."""
+    with tempfile.TemporaryFile() as out:
+        child = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        _, status, usage = os.wait4(child.pid, 0)
+        child.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        return child.returncode, usage.ru_utime + usage.ru_stime, out.read().decode(errors="replace")
+
+
+def finished_counts(store_path: Path, job: str) -> tuple[int, int, float | None]:
+    """(finished, stored, when the last one finished) of the job, read from the store."""
+    store = Store(store_path)
+    try:
+        row = store.db.execute(
+            "SELECT SUM(state IN ('stored', 'dead')), SUM(state = 'stored'), "
+            "MAX(CASE WHEN state IN ('stored', 'dead') THEN updated_at END) FROM tasks WHERE job = ?",
+            (job,),
+        ).fetchone()
+    finally:
+        store.close()
+    return int(row[0] or 0), int(row[1] or 0), row[2]
+
+
+async def run_bare(shape: Shape, box: Sandbox, work: Path) -> Run:
+    urls = work / "urls.txt"
+    urls.write_text("\n".join(box.urls()) + "\n")
+    argv = [sys.executable, str(ROOT / "bench" / "bare_loop.py"), str(urls), "--concurrency", "16"]
+    status, _, output = await asyncio.to_thread(run_measured, argv, dict(os.environ))
+    if status != 0:
+        raise SystemExit(f"the bare loop failed:\n{output}")
+    result = json.loads(output.strip().splitlines()[-1])
+    worst = box.worst_host_second()
+    return Run(
+        pages=shape.pages,
+        finished=int(result["pages"]),
+        stored=int(result["pages"]),
+        seconds=float(result["seconds"]),
+        worst_second=worst[1] if worst else 0,
+        cpu={"bare loop": float(result["cpu"])},
+    )
+
+
+async def run_hutch(shape: Shape, box: Sandbox, url: str, node_pid: int | None, work: Path) -> Run:
+    rate = NO_LIMIT if shape.rate is None else shape.rate
+    settings = Settings(amqp_url=url, namespace="bench", data_dir=work / "data", rate=rate)
+    env = child_env(settings, HUTCH_ALLOWED_TARGETS=",".join(box.allowed_targets()))
+    (work / "urls.txt").write_text("\n".join(box.urls()) + "\n")
+    (work / "spec.yaml").write_text(SPEC_YAML)
+    log = (work / "services.log").open("w")
+    supervisor = Supervisor(env, fetchers=shape.fetchers, out=log, grace=5.0)
+    await supervisor.start()
+    job = "speed"
+    try:
+        await supervisor.wait_ready(60)
+        pids = {c.label: c.process.pid for c in supervisor.children if c.process is not None}
+        if node_pid is not None:
+            pids["broker"] = node_pid
+        before = {label: cpu_seconds(pid) for label, pid in pids.items()}
+        rss_at_20: dict[str, int] = {}
+        started = time.time()
+        submit = [sys.executable, "-c", "from hutch.services.control.cli import main; main()", "submit", str(work / "urls.txt"),
+                  "--job", job, "--spec", str(work / "spec.yaml")]
+        submitting = asyncio.create_task(asyncio.to_thread(run_measured, submit, env))
+        submit_cpu: float | None = None
+        finished, stored, last = 0, 0, None
+        while time.time() - started < JOB_LIMIT:
+            await asyncio.sleep(0.25)
+            if submitting.done() and submit_cpu is None:
+                status, submit_cpu, output = submitting.result()
+                if status != 0:
+                    raise SystemExit(f"hutch submit failed:\n{output}")
+            finished, stored, last = await asyncio.to_thread(finished_counts, settings.store_location, job)
+            if not rss_at_20 and finished >= shape.pages // 5:
+                rss_at_20 = {label: rss_kib(pid) for label, pid in pids.items() if label != "broker"}
+            if finished >= shape.pages and submit_cpu is not None:
+                break
+        after = {label: cpu_seconds(pid) for label, pid in pids.items()}
+        rss = {label: (rss_at_20.get(label, 0), rss_kib(pid)) for label, pid in pids.items() if label != "broker"}
+    finally:
+        await supervisor.stop()
+        log.close()
+    if finished < shape.pages:
+        print(f"    unfinished after {JOB_LIMIT:.0f}s: {finished}/{shape.pages}; see {work}", flush=True)
+    cpu = {label: after[label] - before[label] for label in pids}
+    cpu["submit"] = submit_cpu or 0.0
+    worst = box.worst_host_second()
+    return Run(
+        pages=shape.pages,
+        finished=finished,
+        stored=stored,
+        seconds=(last or time.time()) - started,
+        worst_second=worst[1] if worst else 0,
+        cpu=cpu,
+        rss=rss,
+    )
+
+
+async def run_once(shape: Shape, node_url: str | None, node_pid: int | None, keep: Path) -> Run:
+    config = SandboxConfig(host="127.0.0.1", seed=shape.seed, sites=shape.sites)
+    with tempfile.TemporaryDirectory() as scratch:
+        work = Path(tempfile.mkdtemp(dir=keep)) if keep else Path(scratch)
+        async with Sandbox(config) as box:
+            if shape.bare:
+                return await run_bare(shape, box, work)
+            assert node_url is not None
+            with bench_vhost("speed") as url:
+                return await run_hutch(shape, box, url, node_pid, work)
+
+
+def report(shape: Shape, runs: list[Run]) -> dict[str, object]:
+    rates = [r.rate for r in runs]
+    labels = sorted({label for r in runs for label in r.cpu}, key=_order)
+    per_k = {label: statistics.median(r.cpu.get(label, 0.0) / max(r.finished, 1) * 1000 for r in runs) for label in labels}
+    total_per_k = statistics.median(sum(r.cpu.values()) / max(r.finished, 1) * 1000 for r in runs)
+    limit_sum = None if shape.rate is None else shape.rate * len(shape.sites)
+    line = f"{shape.name}: {statistics.median(rates):.1f} pages/s (runs: {', '.join(f'{x:.1f}' for x in rates)})"
+    print(line)
+    print(f"    finished {min(r.finished for r in runs)}-{max(r.finished for r in runs)} of {shape.pages}, "
+          f"stored {min(r.stored for r in runs)}-{max(r.stored for r in runs)}")
+    if limit_sum is not None:
+        ratios = [r.rate / limit_sum for r in runs]
+        print(f"    ratio to the sum of the limits ({limit_sum:g}/s): {statistics.median(ratios):.3f} "
+              f"(runs: {', '.join(f'{x:.3f}' for x in ratios)})")
+        print(f"    worst 1-second count at the site, any domain: {max(r.worst_second for r in runs)} "
+              f"(rate + burst = {shape.rate + 1:g})")
+    else:
+        print(f"    worst 1-second count at the site, any domain: {max(r.worst_second for r in runs)}")
+    cpu = ", ".join(f"{label} {value:.2f}" for label, value in per_k.items())
+    print(f"    CPU s per 1,000 pages: {total_per_k:.2f} in all ({cpu})")
+    if any(r.rss for r in runs):
+        last = runs[-1]
+        for label, (at20, at100) in sorted(last.rss.items(), key=lambda kv: _order(kv[0])):
+            change = (at100 - at20) / at20 * 100 if at20 else float("nan")
+            print(f"    RSS {label}: {at20 / 1024:.1f} MiB at 20 %, {at100 / 1024:.1f} MiB at 100 % ({change:+.1f} %)")
+    sys.stdout.flush()
+    return {
+        "shape": shape.name,
+        "pages_per_s": statistics.median(rates),
+        "runs": rates,
+        "cpu_per_1000": per_k,
+        "cpu_total_per_1000": total_per_k,
+        "worst_second": max(r.worst_second for r in runs),
+        "limit_ratio": None if limit_sum is None else statistics.median(r.rate / limit_sum for r in runs),
+    }
+
+
+def _order(label: str) -> tuple[int, str]:
+    known = ["submit", "governor", "proxy-manager", "parser", "storer", "broker"]
+    return (known.index(label) if label in known else (2 if label.startswith("fetcher") else 9), label)
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--shapes", default="small,large,limited,polite,bare")
+    parser.add_argument("--json", help="also write the figures here")
+    parser.add_argument("--keep", help="keep each run's folder (logs, store) under this folder")
+    args = parser.parse_args()
+    selected = shapes([s.strip() for s in args.shapes.split(",") if s.strip()])
+    keep = Path(args.keep) if args.keep else None
+    if keep:
+        keep.mkdir(parents=True, exist_ok=True)
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    results = []
+    needs_node = any(not s.bare for s in selected)
+    with private_node() if needs_node else _no_node() as node:
+        if node is not None:
+            use_node(node.url, node.nodename)
+            print(f"broker: a node of its own ({node.nodename}, port {node.port})", flush=True)
+        for shape in selected:
+            runs = []
+            for n in range(1 if shape.name.startswith("memory") else args.runs):
+                main_task = asyncio.ensure_future(
+                    run_once(shape, node.url if node else None, node.beam_pid() if node else None, keep)
+                )
+                stopper = asyncio.ensure_future(stop.wait())
+                await asyncio.wait({main_task, stopper}, return_when=asyncio.FIRST_COMPLETED)
+                if stop.is_set():
+                    main_task.cancel()
+                    await asyncio.gather(main_task, return_exceptions=True)
+                    raise SystemExit("interrupted")
+                stopper.cancel()
+                run = main_task.result()
+                print(f"  {shape.name} run {n + 1}: {run.finished}/{run.pages} in {run.seconds:.1f}s "
+                      f"= {run.rate:.1f} pages/s; CPU {sum(run.cpu.values()):.1f}s", flush=True)
+                runs.append(run)
+            results.append(report(shape, runs))
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
+
+
+class _no_node:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
