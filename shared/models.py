@@ -290,3 +290,6 @@ class Lease(Model):
     tier: str | None = None
     cost: float | None = None
     retry_in: float | None = None
+    # On a direct lease: no pool is configured, so the fetcher may go direct for this many
+    # seconds without asking again (a pool appears only when a proxy-manager starts with one).
+    valid_for: float | None = None

@@ -62,6 +62,7 @@ class Fetcher(Service):
         self.clients: dict[str | None, httpx.AsyncClient] = {}
         self._fetches: set[asyncio.Task[FetchResult]] = set()
         self.busy = 0
+        self._direct_until = 0.0  # monotonic time until which no pool is configured, as told
         self.rpc = await RpcClient(self.broker).start() if s.use_proxy_manager else None
         await self.broker.consume(
             self.broker.topology.fetch_ready, Task, self._on_task, stage="fetch", prefetch=s.concurrency
@@ -138,7 +139,7 @@ class Fetcher(Service):
         return None if job.cancelled() else job.result()
 
     async def _lease(self, task: Task) -> Lease:
-        if self.rpc is None:
+        if self.rpc is None or time.monotonic() < self._direct_until:
             return Lease(direct=True)
         assert task.permit is not None
         request = LeaseRequest(
@@ -151,7 +152,11 @@ class Fetcher(Service):
         )
         while True:
             try:
-                return await self.rpc.call(self.broker.topology.rpc_proxy, request, Lease, self.settings.rpc_timeout)
+                lease = await self.rpc.call(self.broker.topology.rpc_proxy, request, Lease, self.settings.rpc_timeout)
+                if lease.direct and lease.valid_for:
+                    # No pool: every lease would say the same; ask again only when this runs out.
+                    self._direct_until = time.monotonic() + lease.valid_for
+                return lease
             except TimeoutError:
                 # Never go direct behind the pool's back: wait for the manager, then give
                 # the task back unspent.

@@ -100,7 +100,8 @@ SHARD_MAX_CRASHES = 50
 EVENT_KEYS = ("outcome.#", "robots.#", "fetcher.heartbeat", "rescued.#", status_routing_key())
 RESCUED_MEMORY = 100_000  # rescued tasks whose newest incarnation a governor remembers
 MAX_HELD_PER_JOB = 64  # held tasks of one domain and job, however fast its rate
-PACE_WINDOW = 1.0  # seconds over which a busy domain's releases measure its pace
+PACE_SECONDS = 5  # whole seconds over which a busy domain's peak pace is measured
+PACE_MARGIN = 2.0  # parked tasks come back in time for twice that pace
 LONG_HOLD = 600.0  # seconds a task may wait held for the fleet's capacity before it is parked
 DISPATCH_SLICE = 2000  # decisions before the dispatcher lets the loop run other work
 JOBS_QUIET = 0.3  # seconds without a record that mean the jobs stream is read to its end
@@ -173,25 +174,30 @@ class DomainLine:
     blocked_until: float = 0.0  # a long wait (pause, robots.txt, takeover): new tasks park at once
     touched: float = 0.0
     busy_since: float | None = None  # since when it has always had a task held
-    releases: collections.deque[float] = field(default_factory=collections.deque)  # the last PACE_WINDOW's
+    releases: dict[int, int] = field(default_factory=dict)  # whole second -> releases in it (the last few)
 
     def held_count(self) -> int:
         return sum(len(j.held) for j in self.jobs.values())
 
     def released(self, now: float) -> None:
-        self.releases.append(now)
-        while self.releases[0] <= now - PACE_WINDOW:
-            self.releases.popleft()
+        second = int(now)
+        self.releases[second] = self.releases.get(second, 0) + 1
+        if len(self.releases) > PACE_SECONDS + 1:
+            for old in [t for t in self.releases if t < second - PACE_SECONDS]:
+                del self.releases[old]
 
     def pace(self, now: float) -> float | None:
-        """Releases per second while it always had work held: the pace the fleet really
-        drains it at (its concurrency cap, its fetch time and the fetchers' capacity all
-        slow it below its rate). None until it has been busy for a whole window."""
-        if self.busy_since is None or now - self.busy_since < PACE_WINDOW:
+        """The most releases in one whole second of the last few, counting only seconds it
+        was busy throughout (always a task held): the pace the fleet can drain it at when
+        its concurrency cap, its fetch time or the fetchers' capacity keep it below its
+        rate. The peak, not the mean: a moment the fleet was full must not make the domain
+        look slow (its parked tasks would then come back too late). None until it has been
+        busy for a whole second."""
+        if self.busy_since is None:
             return None
-        while self.releases and self.releases[0] <= now - PACE_WINDOW:
-            self.releases.popleft()
-        return len(self.releases) / PACE_WINDOW
+        first, last = int(self.busy_since) + 1, int(now) - 1
+        counts = [self.releases.get(t, 0) for t in range(max(first, last - PACE_SECONDS + 1), last + 1)]
+        return float(max(counts)) if counts else None
 
 
 @dataclass
@@ -617,14 +623,17 @@ class Governor(Service):
         would run out at its share of the domain's pace (a longer wait would leave the domain
         idle while work waits in a tier), or the domain's long wait, whichever is later.
 
-        The pace is the rate unless the domain is measured to drain slower: a domain with no
-        binding limit, paced by its fetches, would otherwise have every parked task sent to
-        the shortest tier, and back, and parked again, many times over."""
+        The pace is the rate unless the domain is measured to drain much slower: a domain with
+        no binding limit, paced by its fetches, would otherwise have every parked task sent to
+        the shortest tier, and back, and parked again, many times over. Taken with a margin
+        (`PACE_MARGIN` times the measured pace): a domain speeds up when others sharing the
+        fetchers finish, and a task parked too long leaves it idle, which costs more than a
+        task parked once more."""
         share = self._share(domain, line, job)
         pace = line.pace(now)
         rate = self.core.key_state(self.core.key_of(domain)).aimd.rate
-        if pace is not None and 0 < pace < rate:
-            share *= pace / rate
+        if pace is not None and 0 < PACE_MARGIN * pace < rate:
+            share *= PACE_MARGIN * pace / rate
         return max(line.jobs[job].supply(now, max(share, 1e-6)), line.blocked_until - now)
 
     def _tier_at_most(self, wanted: float) -> float:

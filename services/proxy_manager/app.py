@@ -120,7 +120,7 @@ class ProxyManager(Service):
 
     async def _lease(self, request: LeaseRequest) -> Lease:
         if self.pool_file is None:
-            return Lease(direct=True)
+            return Lease(direct=True, valid_for=self.settings.direct_lease_seconds or None)
         return self.selector.lease(request)
 
     async def _on_event(self, event: Event, _: Delivery) -> None:

@@ -116,6 +116,8 @@ async def test_without_a_pool_every_lease_is_direct(settings: Settings) -> None:
     try:
         lease = await h.lease()
         assert lease.direct and lease.proxy_id is None and lease.url is None
+        # No pool can appear while this manager runs: the fetcher may go direct a while.
+        assert lease.valid_for == settings.direct_lease_seconds
     finally:
         await h.close()
 
