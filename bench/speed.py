@@ -193,8 +193,9 @@ async def run_hutch(shape: Shape, box: Sandbox, url: str, node_pid: int | None, 
         before = {label: cpu_seconds(pid) for label, pid in pids.items()}
         rss_at_20: dict[str, int] = {}
         started = time.time()
-        submit = [sys.executable, "-c", "from hutch.services.control.cli import main; main()", "submit", str(work / "urls.txt"),
-                  "--job", job, "--spec", str(work / "spec.yaml")]
+        cli = "from hutch.services.control.cli import main; main()"
+        submit = [sys.executable, "-c", cli, "submit", str(work / "urls.txt"), "--job", job,
+                  "--spec", str(work / "spec.yaml")]
         submitting = asyncio.create_task(asyncio.to_thread(run_measured, submit, env))
         submit_cpu: float | None = None
         finished, stored, last = 0, 0, None
@@ -245,7 +246,9 @@ async def run_once(shape: Shape, node_url: str | None, node_pid: int | None, kee
 def report(shape: Shape, runs: list[Run]) -> dict[str, object]:
     rates = [r.rate for r in runs]
     labels = sorted({label for r in runs for label in r.cpu}, key=_order)
-    per_k = {label: statistics.median(r.cpu.get(label, 0.0) / max(r.finished, 1) * 1000 for r in runs) for label in labels}
+    per_k = {
+        label: statistics.median(r.cpu.get(label, 0.0) / max(r.finished, 1) * 1000 for r in runs) for label in labels
+    }
     total_per_k = statistics.median(sum(r.cpu.values()) / max(r.finished, 1) * 1000 for r in runs)
     limit_sum = None if shape.rate is None else shape.rate * len(shape.sites)
     line = f"{shape.name}: {statistics.median(rates):.1f} pages/s (runs: {', '.join(f'{x:.1f}' for x in rates)})"
@@ -324,7 +327,7 @@ async def main() -> None:
                 runs.append(run)
             results.append(report(shape, runs))
     if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
+        await asyncio.to_thread(Path(args.json).write_text, json.dumps(results, indent=2) + "\n")
 
 
 class _no_node:

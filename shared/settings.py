@@ -207,7 +207,9 @@ class Settings(BaseSettings):
     )
     proxy_reload_interval: float = Field(2.0, gt=0, description="seconds between checks of the proxy file")
     direct_lease_seconds: float = Field(
-        10.0, ge=0, description="with no pool configured: seconds a fetcher goes direct before asking again (0: ask every attempt)"
+        10.0,
+        ge=0,
+        description="with no pool configured: seconds a fetcher goes direct before asking again (0: every attempt)",
     )
 
     @field_validator("proxy_tier_floors", mode="before")

@@ -168,14 +168,16 @@ def _documentation_page(site_name: str, i: int, title: str, fields: str, size: i
     ]
     tail = (
         "</section>\n</div></div>\n"
-        '<div class="footer" role="contentinfo">&#169; Copyright the authors. Built with a static site generator.</div>\n'
+        '<div class="footer" role="contentinfo">&#169; Copyright the authors. '
+        "Built with a static site generator.</div>\n"
         "<script>document.querySelectorAll('a.headerlink').forEach(function(a){a.title='Link';});</script>\n"
         "</body>\n</html>\n"
     )
     total = sum(map(len, parts)) + len(tail)
     k = 0
     while total < size:
-        section = [f'<section id="s{k}">\n<h2>{words(2, 5).capitalize()}<a class="headerlink" href="#s{k}">¶</a></h2>\n']
+        heading = words(2, 5).capitalize()
+        section = [f'<section id="s{k}">\n<h2>{heading}<a class="headerlink" href="#s{k}">¶</a></h2>\n']
         for _ in range(rng.randint(2, 4)):
             section.append(
                 f"<p>{words(30, 70).capitalize()} <code class=\"docutils literal\"><span class=\"pre\">"
@@ -188,7 +190,9 @@ def _documentation_page(site_name: str, i: int, title: str, fields: str, size: i
                 f'(<span class="n">x</span>): <span class="k">return</span> <span class="s">"{words(1, 3)}"</span>'
                 for n in range(rng.randint(3, 8))
             )
-            section.append(f'<div class="highlight-python notranslate"><div class="highlight"><pre>{lines}</pre></div></div>\n')
+            section.append(
+                f'<div class="highlight-python notranslate"><div class="highlight"><pre>{lines}</pre></div></div>\n'
+            )
         elif shape == 1:
             rows = "".join(
                 f'<tr class="row-{"odd" if n % 2 else "even"}"><td><p>{rng.choice(_WORDS)}</p></td>'
