@@ -14,7 +14,7 @@ import contextlib
 from aio_pika.abc import AbstractIncomingMessage
 
 from hutch.amqp import Broker
-from hutch.models import DecodeError, DomainRecord, decode
+from hutch.models import DecodeError, DomainRecord
 from hutch.settings import Settings
 
 
@@ -28,7 +28,7 @@ async def registered_domains(broker: Broker, idle: float = 0.5, stream: str | No
 
         async def on_record(message: AbstractIncomingMessage) -> None:
             with contextlib.suppress(DecodeError):
-                found.add(decode(message.body, DomainRecord).domain)
+                found.add(broker.decode(message.body, message.content_encoding, DomainRecord).domain)
             await message.ack()
             seen.set()
 

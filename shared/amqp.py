@@ -6,10 +6,11 @@ Three rules live here so no service has to remember them:
   timeout, a unique `message_id`, trace context in the headers; a nack, a return or a
   timeout raises `PublishFailed`. A caller that gets no exception knows the broker has it.
 - Handlers never ack. `Broker.consume` wraps a handler: it decodes the body into its model
-  (undecodable -> dead letter with reason `decode`), runs the handler inside a consumer span,
-  and then acks when it returns and dead-letters on `Dead`. The handler publishes what it
-  produced before it returns, so a message is acked only after its successors are confirmed
-  (at-least-once).
+  (inflated first when its `content_encoding` says it was compressed, see `hutch.compression`;
+  undecodable, over-size or of an unknown encoding -> dead letter with reason `decode`), runs
+  the handler inside a consumer span, and then acks when it returns and dead-letters on
+  `Dead`. The handler publishes what it produced before it returns, so a message is acked
+  only after its successors are confirmed (at-least-once).
 - Every message ends, whatever fails. Two counts travel in its headers, because `redelivered`
   says only that some consumer once held it, not how often:
   - `x-hutch-crashes`: a delivery flagged `redelivered` means a consumer died holding it (or
@@ -65,6 +66,7 @@ from pydantic import BaseModel
 from yarl import URL
 
 from hutch import telemetry
+from hutch.compression import pack, unpack
 from hutch.models import DeadLetter, DecodeError, Model, Page, Task, decode, encode
 from hutch.settings import Settings
 from hutch.topology import QueueSpec, Topology
@@ -245,6 +247,10 @@ class Delivery:
     @property
     def message_id(self) -> str | None:
         return self.properties.message_id
+
+    @property
+    def content_encoding(self) -> str | None:
+        return self.properties.content_encoding
 
     @property
     def reply_to(self) -> str | None:
@@ -498,13 +504,14 @@ class Broker:
         persistent: bool = True,
     ) -> None:
         """Publish one message and wait for the broker's confirm; raise PublishFailed if not."""
-        payload = body if isinstance(body, bytes) else encode(body)
+        payload, encoding = pack(body if isinstance(body, bytes) else encode(body), self.settings.compress_above)
         kind = "raw" if isinstance(body, bytes) else type(body).__name__
         all_headers: dict[str, Any] = dict(headers or {})
         # Built here, not as aio-pika's Message: that object cost more than the rest of a
         # publish together (measured: bench/governor_permits.py). Same frames on the wire.
         properties = Basic.Properties(
             content_type="application/json",
+            content_encoding=encoding,
             message_type=f"hutch.{kind}",
             message_id=uuid.uuid4().hex,
             timestamp=datetime.datetime.now(datetime.UTC),
@@ -534,6 +541,13 @@ class Broker:
                 span.set_attribute("hutch.task.id", about)
             telemetry.inject(all_headers)  # the properties hold this dict: sent with the trace
             await self._send(exchange, routing_key, payload, properties, mandatory)
+
+    def decode(self, body: bytes, content_encoding: str | None, model: type[M]) -> M:
+        """A body received outside `consume` (a get, a stream, a reply) as `model`: inflated
+        per its `content_encoding` up to the settings' bound; DecodeError if it cannot be."""
+        if content_encoding:
+            body = unpack(body, content_encoding, self.settings.inflate_limit)
+        return decode(body, model)
 
     async def forward(self, exchange: str, routing_key: str, body: bytes, properties: Basic.Properties) -> None:
         """Publish a received message again as it was (see `copy_properties`), confirmed and
@@ -676,12 +690,16 @@ class Broker:
         if message.redelivered:
             await self._crashed(message, how, span)
             return
+        body = message.body
         try:
-            payload = decode(message.body, how.model)
+            if message.content_encoding:
+                body = unpack(body, message.content_encoding, self.settings.inflate_limit)
+            payload = decode(body, how.model)
         except DecodeError as exc:
             log.warning("undecodable message on %s: %s", how.queue, exc)
             span.set_attribute("hutch.outcome", "decode")
-            await self._dead_then_ack(message, how, "decode", str(exc), None)
+            # Kept inflated in the dead letter when it inflated, as it came otherwise.
+            await self._dead_then_ack(message, how, "decode", str(exc), None, raw=body)
             return
         about = task_id_of(payload)
         if about is not None:
@@ -715,7 +733,7 @@ class Broker:
             log.error("%s: message %s crashed a consumer %d times; dead", how.queue, message.message_id, crashes)
             span.set_attribute("hutch.outcome", "dead:crashed")
             try:
-                payload: BaseModel | None = decode(message.body, how.model)
+                payload: BaseModel | None = self.decode(message.body, message.content_encoding, how.model)
             except DecodeError:
                 payload = None  # kept raw in the dead letter
             detail = f"a consumer at stage {how.stage} died holding it {crashes} times"
@@ -769,6 +787,7 @@ class Broker:
         detail: str,
         payload: object,
         task: Task | None = None,
+        raw: bytes | None = None,
     ) -> None:
         if not how.dead_letter:
             # This queue's messages must never reach the dead exchange (the ledger would
@@ -792,7 +811,7 @@ class Broker:
                 detail,
                 task=task,
                 page=page,
-                raw=None if task else message.body,
+                raw=None if task else (message.body if raw is None else raw),
                 queue=how.queue,
             )
         except PublishFailed as exc:
@@ -822,7 +841,7 @@ class RpcClient:
 
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
-        self._pending: dict[str, asyncio.Future[bytes]] = {}
+        self._pending: dict[str, asyncio.Future[AbstractIncomingMessage]] = {}
         self._reply_queue = f"{broker.topology.prefix}rpc.reply.{broker.name}.{uuid.uuid4().hex[:12]}"
 
     async def start(self) -> RpcClient:
@@ -834,12 +853,12 @@ class RpcClient:
     async def _on_reply(self, message: AbstractIncomingMessage) -> None:
         future = self._pending.pop(message.correlation_id or "", None)
         if future is not None and not future.done():
-            future.set_result(message.body)
+            future.set_result(message)
 
     async def call(self, queue: str, request: Model, response: type[M], timeout: float) -> M:
         """Send `request` to `queue` and wait up to `timeout` for the answer."""
         correlation_id = uuid.uuid4().hex
-        future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[AbstractIncomingMessage] = asyncio.get_running_loop().create_future()
         self._pending[correlation_id] = future
         try:
             await self.broker.publish(
@@ -851,10 +870,10 @@ class RpcClient:
                 expiration=timeout,
                 persistent=False,
             )
-            body = await asyncio.wait_for(future, timeout)
+            reply = await asyncio.wait_for(future, timeout)
         finally:
             self._pending.pop(correlation_id, None)
-        return decode(body, response)
+        return self.broker.decode(reply.body, reply.content_encoding, response)
 
 
 async def serve_rpc(

@@ -33,7 +33,7 @@ from aiormq.abc import DeliveredMessage
 
 from hutch.admin import registered_domains
 from hutch.amqp import Broker, PublishFailed, copy_properties
-from hutch.models import DecodeError, Task, decode
+from hutch.models import DecodeError, Task
 from hutch.topology import PREVIOUS_VERSIONS, Topology
 
 log = logging.getLogger(__name__)
@@ -101,7 +101,7 @@ async def _migrate_version(broker: Broker, version: str) -> int:
     moved = 0
     # Tiers first: they dead-letter into the old domain queues, which are emptied next.
     for name in to_frontier:
-        moved += await _move(broker, name, lambda m: (new.frontier, _task_key(m, new)))
+        moved += await _move(broker, name, lambda m: (new.frontier, _task_key(broker, m, new)))
     moved += await _move(broker, old.unrouted, lambda m: (new.unrouted, m.routing_key or ""))
     for name, target in same_name.items():
         moved += await _move(broker, name, _to_queue(target))
@@ -127,17 +127,17 @@ async def _retire_domain_queues(broker: Broker) -> int:
     moved = 0
     for domain in sorted(domains):
         queue = topology.domain_queue(domain).name
-        moved += await _move(broker, queue, lambda m: (topology.frontier, _task_key(m, topology)))
+        moved += await _move(broker, queue, lambda m: (topology.frontier, _task_key(broker, m, topology)))
     await _quietly(broker, _delete_queue(topology.domains))
     if domains:
         log.info("moved %d tasks from %d domain queues into the frontier's shards", moved, len(domains))
     return moved
 
 
-def _task_key(message: DeliveredMessage, topology: Topology) -> str:
+def _task_key(broker: Broker, message: DeliveredMessage, topology: Topology) -> str:
     """A task's routing key now: its domain's shard (a tier or an old queue may hold another)."""
     try:
-        domain = decode(message.body, Task).domain
+        domain = broker.decode(message.body, message.header.properties.content_encoding, Task).domain
     except DecodeError:
         return message.routing_key or ""
     return topology.shard_key(domain)

@@ -61,6 +61,12 @@ class Settings(BaseSettings):
     dlq_max_length: int = Field(
         100_000, ge=1, description="dead letters kept in the `dlq` queue (oldest dropped; the ledger is the record)"
     )
+    compress_above: int = Field(
+        16384, ge=0, description="message bodies over this many bytes cross the broker zlib-compressed; 0: never"
+    )
+    max_inflated_bytes: int | None = Field(
+        None, ge=1, description="largest size a compressed message body may inflate to; default 4 x max_body_bytes"
+    )
 
     # Store
     data_dir: Path = Field(Path("hutch-data"), description="folder of the embedded SQLite store")
@@ -274,6 +280,12 @@ class Settings(BaseSettings):
         if not value or any(not math.isfinite(delay) or delay <= 0 for delay in value):
             raise ValueError("retry_delays needs at least one positive delay, all finite")
         return tuple(sorted(set(value)))
+
+    @property
+    def inflate_limit(self) -> int:
+        """Bytes a compressed message body may inflate to: room for a page of `max_body_bytes`
+        as JSON-escaped text, with its task."""
+        return self.max_inflated_bytes or 4 * self.max_body_bytes
 
     @property
     def store_location(self) -> str:

@@ -72,7 +72,6 @@ from hutch.models import (
     Rescued,
     RobotsFetched,
     Task,
-    decode,
 )
 from hutch.service import Service
 from hutch.services.governor.capacity import FleetCapacity
@@ -371,19 +370,22 @@ class Governor(Service):
         core = self.core
         try:
             if key.startswith("outcome."):
-                event = decode(message.body, Event)
+                event = self.broker.decode(message.body, message.content_encoding, Event)
                 self._lag[0] += time.time() - event.at
                 self._lag[1] += 1
                 self._wake(core.on_outcome(event))
             elif key.startswith("robots."):
-                self._wake(core.on_robots(decode(message.body, RobotsFetched)), robots=True)
+                self._wake(
+                    core.on_robots(self.broker.decode(message.body, message.content_encoding, RobotsFetched)),
+                    robots=True,
+                )
             elif key.startswith("rescued."):
-                self._on_rescued(decode(message.body, Rescued))
+                self._on_rescued(self.broker.decode(message.body, message.content_encoding, Rescued))
             elif key == "fetcher.heartbeat":
-                core.on_heartbeat(decode(message.body, FetcherHeartbeat))
+                core.on_heartbeat(self.broker.decode(message.body, message.content_encoding, FetcherHeartbeat))
                 self._kick()
             elif key == status_routing_key() and message.reply_to:
-                self._spawn(self._answer_status(message.reply_to, message.correlation_id, message.body))
+                self._spawn(self._answer_status(message.reply_to, message))
         except DecodeError as exc:
             log.debug("ignoring an undecodable event %s: %s", key, exc)
 
@@ -455,11 +457,11 @@ class Governor(Service):
     def _kick(self) -> None:
         self._kicked.set()
 
-    async def _answer_status(self, reply_to: str, correlation_id: str | None, body: bytes) -> None:
+    async def _answer_status(self, reply_to: str, message: Delivery) -> None:
         core = self.core
         now = time.time()
         try:
-            request = decode(body, StatusRequest)
+            request = self.broker.decode(message.body, message.content_encoding, StatusRequest)
         except DecodeError:  # an older client: its defaults
             request = StatusRequest()
         rows, total = select_domains(self._rows(now), request)
@@ -474,7 +476,7 @@ class Governor(Service):
         )
         with contextlib.suppress(PublishFailed):
             await self.broker.publish(
-                "", reply_to, answer, mandatory=False, correlation_id=correlation_id, persistent=False
+                "", reply_to, answer, mandatory=False, correlation_id=message.correlation_id, persistent=False
             )
 
     def _rows(self, now: float) -> list[dict[str, Any]]:
@@ -570,7 +572,7 @@ class Governor(Service):
                     if got.delivery_tag is None:
                         break
                     try:
-                        task = decode(got.body, Task)
+                        task = self.broker.decode(got.body, got.header.properties.content_encoding, Task)
                         still = self._job(task.job).state == "paused"
                         exchange, key = (
                             ("", topology.paused) if still else (topology.frontier, topology.shard_key(task.domain))

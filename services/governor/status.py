@@ -30,7 +30,7 @@ from aio_pika.abc import AbstractIncomingMessage
 from pydantic import Field
 
 from hutch.amqp import Broker, PublishFailed, queue_depth
-from hutch.models import DecodeError, Model, decode
+from hutch.models import DecodeError, Model
 
 
 def status_routing_key() -> str:
@@ -124,7 +124,7 @@ async def ask_governors(
             if message.correlation_id != correlation_id:
                 return
             with contextlib.suppress(DecodeError):
-                answers.append(decode(message.body, GovernorStatus))
+                answers.append(broker.decode(message.body, message.content_encoding, GovernorStatus))
                 first.set()
 
         await queue.consume(on_answer, no_ack=True)

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import time
+import zlib
 
+import aio_pika
 import pytest
 from aio_pika.abc import AbstractIncomingMessage
 
 from hutch.amqp import Broker, Dead, Delivery, PublishFailed, RpcClient, serve_rpc
 from hutch.domains import routing_key
-from hutch.models import DeadLetter, Lease, LeaseRequest, Task, decode, task_id
+from hutch.models import DeadLetter, Lease, LeaseRequest, Page, Task, decode, encode, task_id
+from hutch.sandbox.pages import render_page
 from hutch.settings import Settings
 
 pytestmark = pytest.mark.timeout(60)
@@ -111,6 +114,70 @@ async def test_undecodable_message_goes_dead_with_reason_decode_and_is_not_redel
     assert letter.raw is not None and "nonsense" in letter.raw
     assert calls == 0
     await asyncio.sleep(0.3)
+    assert await depth(broker, broker.topology.parse) == 0
+
+
+def make_page() -> Page:
+    task = make_task()
+    html = render_page("docs.test", 3, 100)
+    return Page(task=task, status=200, final_url=task.url, content_type="text/html", text=html, fetched_at=1.0)
+
+
+async def test_a_large_page_crosses_the_broker_compressed_and_reaches_the_handler_as_it_was(broker: Broker) -> None:
+    page = make_page()
+    assert len(encode(page)) > 90_000 > broker.settings.compress_above
+    await broker.publish(broker.topology.work, "parse", page)
+    wire = await get_one(broker, broker.topology.parse)
+    assert wire.content_encoding == "zlib"
+    assert len(wire.body) < len(encode(page)) // 3
+
+    got: list[Page] = []
+
+    async def handler(received: Page, _: Delivery) -> None:
+        got.append(received)
+
+    await broker.consume(broker.topology.parse, Page, handler, stage="parse")
+    await broker.publish(broker.topology.work, "parse", page)
+    for _ in range(100):
+        if got:
+            break
+        await asyncio.sleep(0.05)
+    assert got == [page]
+
+
+@pytest.mark.parametrize(
+    ("body", "encoding", "why"),
+    [
+        (zlib.compress(b" " * (64 * 1024 * 1024), 9), "zlib", "inflates beyond 20,971,520 bytes"),
+        (b"x" * 100, "zlib", "corrupt zlib body"),
+        (zlib.compress(b'{"v": 1}'), "lzma", "unknown content_encoding 'lzma'"),
+    ],
+    ids=["bomb", "corrupt", "unknown"],
+)
+async def test_a_body_that_cannot_be_inflated_goes_dead_with_its_reason_and_the_consumer_goes_on(
+    broker: Broker, body: bytes, encoding: str, why: str
+) -> None:
+    got: list[Page] = []
+
+    async def handler(received: Page, _: Delivery) -> None:
+        got.append(received)
+
+    await broker.consume(broker.topology.parse, Page, handler, stage="parse")
+    channel = await broker.channel()
+    message = aio_pika.Message(body, content_encoding=encoding, delivery_mode=aio_pika.DeliveryMode.PERSISTENT)
+    await channel.default_exchange.publish(message, routing_key=broker.topology.parse)
+    dead = await get_one(broker, broker.topology.dlq)
+    letter = broker.decode(dead.body, dead.content_encoding, DeadLetter)  # large raw: compressed too
+    assert (letter.reason, letter.stage, letter.queue) == ("decode", "parse", broker.topology.parse)
+    assert why in letter.detail
+    assert letter.raw is not None
+    page = make_page()
+    await broker.publish(broker.topology.work, "parse", page)
+    for _ in range(100):
+        if got:
+            break
+        await asyncio.sleep(0.05)
+    assert got == [page]
     assert await depth(broker, broker.topology.parse) == 0
 
 
