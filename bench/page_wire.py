@@ -1,10 +1,12 @@
 """What compressing page bodies on the wire costs and saves, the broker's VM included.
 
-    .venv/bin/python bench/page_wire.py [--pages 1000] [--rounds 3] [--above 0,16384]
+    .venv/bin/python bench/page_wire.py [--pages 1000] [--rounds 3] [--above 0,16384] [--backlog]
 
 One process publishes documentation pages of about 100 KB (the sandbox's, as `Page` messages:
 persistent, confirmed, through `Broker.publish`) to the parse queue and consumes them through
 `Broker.consume`, as the fetcher and the parser do, on a RabbitMQ node of the benchmark's own.
+With `--backlog` the consumer starts only once every page waits in the queue (a parser behind
+the fetchers: the broker keeps the bodies on disk); without, it takes them as they come.
 Each round runs every `--above` setting (HUTCH_COMPRESS_ABOVE; 0 is uncompressed) one after the
 other, in a fresh vhost each, so that the settings meet the same load on a shared machine;
 medians of the rounds are printed: CPU milliseconds per page of this process (compress and
@@ -53,7 +55,7 @@ def pages(count: int) -> list[Page]:
     return made
 
 
-async def one_run(url: str, above: int, batch: list[Page], vm: int) -> tuple[float, float]:
+async def one_run(url: str, above: int, batch: list[Page], vm: int, backlog: bool) -> tuple[float, float]:
     """(this process's, the broker's) CPU seconds to send `batch` through the parse queue."""
     broker = await Broker(Settings(amqp_url=url, compress_above=above), "page-wire").connect()
     received = 0
@@ -65,12 +67,18 @@ async def one_run(url: str, above: int, batch: list[Page], vm: int) -> tuple[flo
         if received == len(batch):
             done.set()
 
-    try:
+    async def consume() -> None:
         await broker.consume(broker.topology.parse, Page, handler, stage="parse", prefetch=IN_FLIGHT)
+
+    try:
         mine, theirs = own_cpu(), cpu_seconds(vm)
+        if not backlog:
+            await consume()
         for start in range(0, len(batch), IN_FLIGHT):
             chunk = batch[start : start + IN_FLIGHT]
             await asyncio.gather(*(broker.publish(broker.topology.work, "parse", page) for page in chunk))
+        if backlog:
+            await consume()
         await asyncio.wait_for(done.wait(), WAIT)
         return own_cpu() - mine, cpu_seconds(vm) - theirs
     finally:
@@ -82,6 +90,7 @@ def main() -> None:
     parser.add_argument("--pages", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--above", default="0,16384", help="HUTCH_COMPRESS_ABOVE values, comma-separated")
+    parser.add_argument("--backlog", action="store_true", help="consume only once every page is queued")
     args = parser.parse_args()
     settings = [int(value) for value in args.above.split(",")]
     batch = pages(args.pages)
@@ -93,11 +102,12 @@ def main() -> None:
         for round_ in range(args.rounds):
             for above in settings:
                 with bench_vhost("page-wire") as url:
-                    mine, theirs = asyncio.run(one_run(url, above, batch, vm))
+                    mine, theirs = asyncio.run(one_run(url, above, batch, vm, args.backlog))
                 figures[above].append((mine, theirs))
                 print(f"round {round_ + 1}, above={above}: client {mine:.2f}s, broker {theirs:.2f}s", flush=True)
     per_page = 1000.0 / args.pages
-    print(f"{args.pages} pages of ~100 KB per run, {args.rounds} rounds; CPU ms per page (median):")
+    how = "queued first" if args.backlog else "consumed as they come"
+    print(f"{args.pages} pages of ~100 KB per run ({how}), {args.rounds} rounds; CPU ms per page (median):")
     for above, runs in figures.items():
         client = statistics.median(mine for mine, _ in runs) * per_page
         broker = statistics.median(theirs for _, theirs in runs) * per_page

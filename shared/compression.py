@@ -1,9 +1,10 @@
-"""Large message bodies cross the broker compressed, and inflate only up to a bound.
+"""Large message bodies may cross the broker compressed, and inflate only up to a bound.
 
-A fetched page is about 100 KB of text on its way to the parser, written to disk by the broker
-because it is persistent. Compressed (zlib at its fastest level, about a fifth of the size), the
-broker reads, stores and sends far fewer bytes, which costs it more CPU than the compression costs
-the fetcher and the parser (measured: bench/speed.py, `--shapes large`).
+A fetched page is about 100 KB of text on its way to the parser, persistent, so the broker reads,
+stores and sends every byte of it. zlib at its fastest level makes it about a fifth of that, but
+measured (bench/page_wire.py) the broker saves less CPU than compressing and inflating costs the
+fetcher and the parser: publishing stays uncompressed unless `compress_above` is set (a broker on
+the other side of a slow or metered link, or short of disk), while consumers always inflate.
 
 A compressed body says so in the AMQP `content_encoding` property; a body without one is taken as
 it is, so messages published before compression was turned on still decode. Whatever arrives is

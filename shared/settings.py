@@ -62,7 +62,7 @@ class Settings(BaseSettings):
         100_000, ge=1, description="dead letters kept in the `dlq` queue (oldest dropped; the ledger is the record)"
     )
     compress_above: int = Field(
-        16384, ge=0, description="message bodies over this many bytes cross the broker zlib-compressed; 0: never"
+        0, ge=0, description="message bodies over this many bytes cross the broker zlib-compressed; 0: never"
     )
     max_inflated_bytes: int | None = Field(
         None, ge=1, description="largest size a compressed message body may inflate to; default 4 x max_body_bytes"
