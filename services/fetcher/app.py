@@ -27,7 +27,7 @@ import httpx
 from aio_pika.exceptions import AMQPError
 
 from hutch.amqp import Delivery, PublishFailed, RpcClient
-from hutch.domains import event_key
+from hutch.domains import event_key, outcome_key
 from hutch.models import Attempt, Event, FetcherHeartbeat, Lease, LeaseRequest, Page, RobotsFetched, Task
 from hutch.service import Service
 from hutch.services.fetcher.charsets import decode_body
@@ -353,7 +353,8 @@ class Fetcher(Service):
             incarnation=task.incarnation,
             task=task.model_copy(update={"permit": None}),  # the store keeps it (reconciler)
         )
-        await self.broker.publish(self.broker.topology.events, event_key("outcome", task.domain), event)
+        key = outcome_key(task.domain, proxied=event.proxy_id is not None)
+        await self.broker.publish(self.broker.topology.events, key, event)
 
 
 def _error(exc: Exception, elapsed: float, status: int | None = None) -> FetchResult:

@@ -638,7 +638,7 @@ class Governor(Service):
 
     def _tier_at_most(self, wanted: float) -> float:
         """The longest delay tier not longer than `wanted` (the shortest if none is)."""
-        delays = self.broker.topology.retry_delays
+        delays = self.broker.topology.delays
         fitting = [d for d in delays if d <= wanted]
         return fitting[-1] if fitting else delays[0]
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hutch.services.governor.app import JobLine
+from hutch.services.governor.app import DomainLine, JobLine
 
 NOW = 1_000.0
 
@@ -34,3 +34,42 @@ def test_a_parked_count_ends_at_the_second_its_tasks_are_due_back() -> None:
     jl = line(held=0, returns={int(NOW) + 5: 3, int(NOW) - 1: 4})
     assert jl.parked(NOW) == 3
     assert jl.parked(NOW + 6) == 0 and jl.returns == {}
+
+
+def test_a_task_that_comes_back_is_no_longer_counted_as_to_come() -> None:
+    jl = line(held=0, returns={int(NOW) + 5: 2})
+    jl.came_back(int(NOW) + 5)
+    assert jl.returns == {int(NOW) + 5: 1}
+    jl.came_back(int(NOW) + 5)
+    jl.came_back(int(NOW) + 5)  # one parked by an earlier governor: nothing to take back
+    jl.came_back(int(NOW) + 9)
+    assert jl.returns == {}
+
+
+def busy_domain(since: float, releases: dict[int, int]) -> DomainLine:
+    domain = DomainLine(busy_since=since)
+    for second, count in releases.items():
+        for _ in range(count):
+            domain.released(second + 0.5)
+    return domain
+
+
+def test_a_domain_has_no_pace_until_it_has_been_busy_a_whole_second() -> None:
+    assert DomainLine().pace(NOW) is None
+    assert busy_domain(NOW - 0.5, {}).pace(NOW) is None
+
+
+def test_the_pace_is_the_busiest_whole_second_of_the_last_few_while_busy() -> None:
+    # Busy since NOW - 10: the seconds NOW-5 .. NOW-1 count; the current one is not whole.
+    domain = busy_domain(NOW - 10, {int(NOW) - 4: 30, int(NOW) - 2: 12, int(NOW) - 1: 20, int(NOW): 90})
+    assert domain.pace(NOW) == 30.0
+
+
+def test_seconds_before_the_domain_was_busy_do_not_count() -> None:
+    domain = busy_domain(NOW - 2.5, {int(NOW) - 4: 30, int(NOW) - 1: 8})
+    assert domain.pace(NOW) == 8.0
+
+
+def test_old_release_counts_are_forgotten() -> None:
+    domain = busy_domain(NOW - 100, {int(NOW) - 50 + k: 1 for k in range(50)})
+    assert len(domain.releases) <= 7
