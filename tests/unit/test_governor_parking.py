@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hutch.services.governor.app import DomainLine, JobLine
+from hutch.services.governor.app import DomainLine, JobLine, park_delay
 
 NOW = 1_000.0
 
@@ -73,3 +73,22 @@ def test_seconds_before_the_domain_was_busy_do_not_count() -> None:
 def test_old_release_counts_are_forgotten() -> None:
     domain = busy_domain(NOW - 100, {int(NOW) - 50 + k: 1 for k in range(50)})
     assert len(domain.releases) <= 7
+
+
+def test_a_domain_that_keeps_its_rate_parks_at_its_share_of_the_rate() -> None:
+    jl = line(held=50, returns={int(NOW) + 5: 100, int(NOW) + 15: 700})
+    assert park_delay(jl, NOW, share=10.0, rate=10.0, pace=10.0, blocked_until=0.0) == 85.0
+    assert park_delay(jl, NOW, share=10.0, rate=10.0, pace=None, blocked_until=0.0) == 85.0
+
+
+def test_a_domain_the_fleet_paces_below_its_rate_parks_at_twice_its_pace_for_at_most_ten_seconds() -> None:
+    # Rate 1,000/s, drained at 5/s: at 10/s, 50 held last 5 s.
+    assert park_delay(line(held=50), NOW, share=1000.0, rate=1000.0, pace=5.0, blocked_until=0.0) == 5.0
+    # 800 more coming back in time would carry it 85 s: it is never parked past 10 s.
+    jl = line(held=50, returns={int(NOW) + 5: 800})
+    assert park_delay(jl, NOW, share=1000.0, rate=1000.0, pace=5.0, blocked_until=0.0) == 10.0
+
+
+def test_a_long_wait_of_the_domain_outlasts_any_supply() -> None:
+    jl = line(held=50)
+    assert park_delay(jl, NOW, share=1000.0, rate=1000.0, pace=5.0, blocked_until=NOW + 60) == 60.0
