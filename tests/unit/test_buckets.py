@@ -159,3 +159,49 @@ def test_buckets_refuse_an_invalid_rate_when_a_domain_is_first_seen(clock: FakeC
     buckets = Buckets(rate=0.0, burst=1, clock=clock)
     with pytest.raises(ValueError, match="rate"):
         buckets["a.example"]
+
+
+# -- the carry: releases that come a little late -------------------------------------------------
+
+
+def releases_late_by(bucket: TokenBucket, clock: FakeClock, lateness: list[float], seconds: float) -> list[float]:
+    """Take each token as soon as it is due plus the next lateness (cycled); the times."""
+    taken: list[float] = []
+    start, k = clock.now, 0
+    while clock.now - start < seconds:
+        clock.advance(bucket.wait_time() + lateness[k % len(lateness)] + 1e-9)
+        assert bucket.take()
+        taken.append(clock.now)
+        k += 1
+    return taken
+
+
+def worst_window(times: list[float]) -> int:
+    """The most releases within any half-open 1-second window."""
+    return max(sum(1 for t in times if start <= t < start + 1.0) for start in times)
+
+
+def test_a_release_a_little_late_does_not_push_back_the_next(clock: FakeClock) -> None:
+    bucket = TokenBucket(rate=8.0, burst=1, clock=clock)
+    clock.advance(0.125 + 0.010)  # 10 ms after its token
+    assert bucket.take()
+    clock.advance(0.115)  # the next is due on the rate's own beat, 0.250 from the start
+    assert bucket.take()
+
+
+def test_a_dispatcher_always_5_ms_late_still_gets_the_whole_rate(clock: FakeClock) -> None:
+    bucket = TokenBucket(rate=8.0, burst=1, clock=clock)
+    taken = releases_late_by(bucket, clock, [0.005], seconds=10.0)
+    assert len(taken) >= 79  # without the carry: 10 s / 0.130 s = 76
+
+
+@pytest.mark.parametrize(("rate", "burst"), [(8.0, 1), (4.0, 1), (2.5, 1), (0.5, 1), (3.7, 2), (10.0, 3)])
+def test_however_late_the_releases_no_second_holds_more_than_rate_plus_burst(
+    clock: FakeClock, rate: float, burst: int
+) -> None:
+    bucket = TokenBucket(rate=rate, burst=burst, clock=clock)
+    clock.advance(10.0)  # full, with its carry
+    lateness = [0.0, 0.0, 0.004, 0.031, 0.0, 0.2, 0.0, 0.009, 0.6, 0.0, 0.0, 0.017]
+    taken = releases_late_by(bucket, clock, lateness, seconds=60.0)
+    assert worst_window(taken) <= int(rate + burst)
+    assert 0 < bucket.carry < 1.0
