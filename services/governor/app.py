@@ -102,6 +102,7 @@ RESCUED_MEMORY = 100_000  # rescued tasks whose newest incarnation a governor re
 MAX_HELD_PER_JOB = 64  # held tasks of one domain and job, however fast its rate
 PACE_SECONDS = 5  # whole seconds over which a busy domain's peak pace is measured
 PACE_MARGIN = 2.0  # parked tasks come back in time for twice that pace
+PACED_PARK_MAX = 30.0  # seconds: the longest park of a domain its pace, not its rate, holds back
 LONG_HOLD = 600.0  # seconds a task may wait held for the fleet's capacity before it is parked
 DISPATCH_SLICE = 2000  # decisions before the dispatcher lets the loop run other work
 JOBS_QUIET = 0.3  # seconds without a record that mean the jobs stream is read to its end
@@ -120,10 +121,12 @@ def park_delay(
     the shortest tier, and back, and parked again, many times over. Taken with a margin
     (`PACE_MARGIN` times the measured pace): a domain speeds up when others sharing the
     fetchers finish, and a task parked too long leaves it idle, which costs more than a task
-    parked once more. No cap on top: parks per second are the backlog over the park time, so
-    a fixed cap on a backlog of 100,000 tasks would park thousands a second."""
+    parked once more. And never longer than `PACED_PARK_MAX`: the pace is a guess about the
+    fleet (a busy machine made it look four times slower than it became), a rate is a fact.
+    The price is parks: about the backlog over that time, each second."""
     if pace is not None and 0 < PACE_MARGIN * pace < rate:
         share *= PACE_MARGIN * pace / rate
+        return max(min(jl.supply(now, share), PACED_PARK_MAX), blocked_until - now)
     return max(jl.supply(now, max(share, 1e-6)), blocked_until - now)
 
 

@@ -81,11 +81,14 @@ def test_a_domain_that_keeps_its_rate_parks_at_its_share_of_the_rate() -> None:
     assert park_delay(jl, NOW, share=10.0, rate=10.0, pace=None, blocked_until=0.0) == 85.0
 
 
-def test_a_domain_the_fleet_paces_below_its_rate_parks_at_twice_its_pace() -> None:
-    # Rate 1,000/s, drained at 5/s: at 10/s, 50 held last 5 s, and 800 more back in time 85 s.
+def test_a_domain_the_fleet_paces_below_its_rate_parks_at_twice_its_pace_for_30_s_at_most() -> None:
+    # Rate 1,000/s, drained at 5/s: at 10/s, 50 held last 5 s; 150 more back in time, 20 s.
     assert park_delay(line(held=50), NOW, share=1000.0, rate=1000.0, pace=5.0, blocked_until=0.0) == 5.0
+    jl = line(held=50, returns={int(NOW) + 5: 150})
+    assert park_delay(jl, NOW, share=1000.0, rate=1000.0, pace=5.0, blocked_until=0.0) == 20.0
+    # 800 back in time would carry it 85 s: a guess of a pace is not trusted that far.
     jl = line(held=50, returns={int(NOW) + 5: 800})
-    assert park_delay(jl, NOW, share=1000.0, rate=1000.0, pace=5.0, blocked_until=0.0) == 85.0
+    assert park_delay(jl, NOW, share=1000.0, rate=1000.0, pace=5.0, blocked_until=0.0) == 30.0
     # Counted at its rate it would look a few milliseconds long: the shortest tier, again and again.
     assert park_delay(jl, NOW, share=1000.0, rate=1000.0, pace=None, blocked_until=0.0) == 0.05
 
