@@ -5,14 +5,6 @@ that has just taken a domain over cannot know what its predecessor released a mo
 so it waits for a token rather than bursting. `debit` spends a token released by another
 governor (seen on the events exchange), so governors that share a domain key share its
 budget; the balance may go below zero, and then the next token is that much further off.
-
-A bucket full at `burst` keeps a little more than that, a fraction of a token (`carry`): a
-release that comes a few milliseconds after its token (the dispatcher's timer, a busy
-loop) would otherwise lose those milliseconds for good, and with burst 1 every release is
-late by some, so a domain got about 0.9 of its rate. The carry is below one token and below
-what would let any 1-second window hold more than `rate + burst` requests: a bucket lets
-through at most its fill plus `rate` tokens in one second, and `floor(rate + burst + carry)`
-stays `floor(rate + burst)`.
 """
 
 from __future__ import annotations
@@ -22,7 +14,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 Clock = Callable[[], float]
-MAX_CARRY = 0.5  # of a token, kept above a full bucket's burst
 
 
 @dataclass
@@ -41,15 +32,9 @@ class TokenBucket:
         if self.updated < 0:
             self.updated = self.clock()
 
-    @property
-    def carry(self) -> float:
-        """The fraction of a token kept above `burst` (see the module's note)."""
-        room = 1.0 - (self.rate + self.burst) % 1.0  # to the next whole request per second
-        return min(MAX_CARRY, 0.9 * room)
-
     def _refill(self, now: float) -> None:
         if now > self.updated:
-            self.tokens = min(self.burst + self.carry, self.tokens + (now - self.updated) * self.rate)
+            self.tokens = min(float(self.burst), self.tokens + (now - self.updated) * self.rate)
             self.updated = now
 
     def wait_time(self) -> float:
@@ -91,7 +76,7 @@ class TokenBucket:
             if burst < 1:
                 raise ValueError("burst must be at least 1")
             self.burst = burst
-            self.tokens = min(self.tokens, burst + self.carry)
+            self.tokens = min(self.tokens, float(burst))
 
 
 class Buckets:
