@@ -84,6 +84,9 @@ class Settings(BaseSettings):
     rate: float = Field(2.0, description="default fetches per second per domain")
     burst: int = Field(1, description="token bucket size per domain")
     permit_ttl: float = Field(30.0, description="seconds a fetch permit stays valid")
+    permit_lateness: float = Field(
+        0.05, gt=0, description="seconds later than its quickest a permit may reach a fetcher and still be used"
+    )
     max_ready: int = Field(200, description="governor stops releasing while fetch.ready holds this many tasks")
     max_hold: float = Field(
         5.0, description="longest a governor waits holding one frontier message before returning it"

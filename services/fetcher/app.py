@@ -1,8 +1,9 @@
 """The fetcher's wiring: permit check, proxy lease, fetch, and routing of the outcome.
 
 A fetcher never decides when to hit a site: it only fetches tasks that hold a fresh permit.
-A task whose permit expired goes back to the frontier without spending an attempt (the
-governor's business, bounded by time). Every error that belongs to the task spends one, so
+A task whose permit expired, or reached this fetcher later than its rate can absorb
+(`lateness`), goes back to the frontier without spending an attempt (the governor's
+business, bounded by time). Every error that belongs to the task spends one, so
 the task's attempt budget bounds it and it ends dead: a task that a fetcher died holding
 (the AMQP layer counts the crash in its headers) is recorded as an attempt `crashed` and is
 not fetched again by this delivery, and an exception nothing foresaw in fetching or routing
@@ -33,6 +34,7 @@ from hutch.service import Service
 from hutch.services.fetcher.charsets import decode_body
 from hutch.services.fetcher.fetch import fetch, make_client
 from hutch.services.fetcher.guard import TargetGuard, parse_overrides
+from hutch.services.fetcher.lateness import Lateness
 from hutch.services.fetcher.policy import Decision, FetchResult, decide, load_policy
 from hutch.urls import InvalidURL, check_url
 
@@ -63,6 +65,7 @@ class Fetcher(Service):
         self._fetches: set[asyncio.Task[FetchResult]] = set()
         self.busy = 0
         self._direct_until = 0.0  # monotonic time until which no pool is configured, as told
+        self.lateness = Lateness()
         self.rpc = await RpcClient(self.broker).start() if s.use_proxy_manager else None
         await self.broker.consume(
             self.broker.topology.fetch_ready, Task, self._on_task, stage="fetch", prefetch=s.concurrency
@@ -173,6 +176,11 @@ class Fetcher(Service):
             return
         if task.permit is None or task.permit.expires <= time.time():
             await self._back_to_frontier(task, "permit_expired")
+            return
+        late = self.lateness.of(task.permit.id, task.permit.issued)
+        if task.permit.late_after is not None and late > task.permit.late_after:
+            # Fetched now, it could come too close after the domain's previous fetch.
+            await self._back_to_frontier(task, "permit_late")
             return
         self.busy += 1
         try:

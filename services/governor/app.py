@@ -273,6 +273,7 @@ class Governor(Service):
                 aimd_streak=s.aimd_streak,
                 min_rate=s.min_rate,
                 max_ready=s.max_ready,
+                permit_lateness=s.permit_lateness,
             ),
             key_of=key_function(s.domain_key, s.public_suffix_file),
             robots=robots,
