@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -213,6 +214,11 @@ async def run_hutch(shape: Shape, box: Sandbox, url: str, node_pid: int | None, 
     job = "speed"
     try:
         await supervisor.wait_ready(60)
+        # The sandbox (this process) stands for the sites: on a busy machine its clock must
+        # not lag, or requests that arrived apart are counted together. Ahead of the
+        # services while the job runs (root only; otherwise as it is).
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, 0, -10)
         pids = {c.label: c.process.pid for c in supervisor.children if c.process is not None}
         if node_pid is not None:
             pids["broker"] = node_pid
@@ -239,6 +245,8 @@ async def run_hutch(shape: Shape, box: Sandbox, url: str, node_pid: int | None, 
         after = {label: tree_cpu(pid) for label, pid in pids.items()}
         rss = {label: (rss_at_20.get(label, 0), rss_kib(pid)) for label, pid in pids.items() if label != "broker"}
     finally:
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, 0, 0)
         await supervisor.stop()
         log.close()
     if finished < shape.pages:
