@@ -250,9 +250,10 @@ def decide(
     if rule.backoff == "none":
         return Decision("frontier", result.outcome, spend=spend, avoid_proxy=rule.avoid_proxy, detail=result.detail)
     if wait is None:
-        first = tiers[min(rule.first_tier, len(tiers) - 1)]
-        # Exponential with jitter: 0.5x to 1.5x of first * 2^(n-1), on the nearest tier.
-        delay = nearest_tier(first * (2 ** max(spent - 1, 0)) * (0.5 + jitter()), tiers)
+        start = min(rule.first_tier, len(tiers) - 1)
+        # Exponential with jitter: 0.5x to 1.5x of first * 2^(n-1), on the nearest tier from
+        # the rule's first one up.
+        delay = nearest_tier(tiers[start] * (2 ** max(spent - 1, 0)) * (0.5 + jitter()), tiers[start:])
     else:  # the site's own wait: never shorter than it asked
         delay = next((tier for tier in tiers if tier >= wait), tiers[-1])
     return Decision(

@@ -68,6 +68,12 @@ def test_transient_failures_back_off_exponentially_on_the_tier_nearest_the_wait(
     assert run(outcome).spend is True
 
 
+@pytest.mark.parametrize("jitter", [0.0, 0.3, 0.999])
+def test_a_backoff_never_goes_below_its_rules_first_tier(jitter: float) -> None:
+    tiers = (0.2, 0.5, 1.0)  # a block starts from the second: its first wait, 0.25 to 0.75 s, is nearer 0.2 s
+    assert decide(result("blocked"), 0, [], POLICY, tiers, jitter=lambda: jitter).delay in (0.5, 1.0)
+
+
 @pytest.mark.parametrize("jitter", [0.0, 0.5, 0.7, 0.999])
 def test_a_first_retry_never_rounds_up_to_the_five_second_tier(jitter: float) -> None:
     assert decide(result("timeout"), 0, [], POLICY, TIERS, jitter=lambda: jitter).delay == 1.0
