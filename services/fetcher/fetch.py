@@ -3,8 +3,8 @@
 httpx's connect and read timeouts bound each step, but a site that trickles one byte per
 second never trips a read timeout; the total deadline (`asyncio.timeout`) bounds the whole
 fetch so no site can hold a fetch slot. The caller may shorten both per request (the adaptive
-timeouts of timeouts.py); a timeout's detail names the wait it ran into. The body is read raw and its content encodings undone here in bounded
-steps (decoding.py), so the cap holds on decoded bytes at every step and a compressed bomb
+timeouts of timeouts.py); a timeout's detail names the wait it ran into. The body is read raw
+and its content encodings undone here in bounded steps (decoding.py), so the cap holds on decoded bytes at every step and a compressed bomb
 or an endless body is cut off early with memory bounded; a response head over httpcore's
 100 KiB is refused by h11 and ends `too_large` too.
 
