@@ -4,9 +4,10 @@ httpx's connect and read timeouts bound each step, but a site that trickles one 
 second never trips a read timeout; the total deadline (`asyncio.timeout`) bounds the whole
 fetch so no site can hold a fetch slot. The caller may shorten both per request (the adaptive
 timeouts of timeouts.py); a timeout's detail names the wait it ran into. The body is read raw
-and its content encodings undone here in bounded steps (decoding.py), so the cap holds on decoded bytes at every step and a compressed bomb
-or an endless body is cut off early with memory bounded; a response head over httpcore's
-100 KiB is refused by h11 and ends `too_large` too.
+and its content encodings undone here in bounded steps (decoding.py), so the cap holds on
+decoded bytes at every step and a compressed bomb or an endless body is cut off early with
+memory bounded; a response head over httpcore's 100 KiB is refused by h11 and ends
+`too_large` too.
 
 Through a forward proxy, an answer counts as the proxy's own failure only when the proxy says
 so: a `Proxy-Status` whose first member names the leased proxy (by the host or host:port of
