@@ -133,6 +133,18 @@ class Settings(BaseSettings):
     connect_timeout: float = Field(5.0, description="seconds to open a TCP connection")
     read_timeout: float = Field(10.0, description="seconds between two reads of a response")
     total_timeout: float = Field(30.0, description="seconds one fetch may take in all")
+    adaptive_timeouts: bool = Field(
+        True, description="wait on each domain about as long as its answers take (up to the timeouts above)"
+    )
+    adaptive_timeout_floor: float = Field(
+        2.0, gt=0, description="shortest read timeout and total deadline the adaptive timeouts set"
+    )
+    adaptive_timeout_k: float = Field(
+        4.0, ge=0, description="mean deviations of a domain's answer times added to their mean (TCP's K)"
+    )
+    adaptive_timeout_samples: int = Field(
+        5, ge=1, description="answers from a domain before its adaptive timeout replaces the configured one"
+    )
     user_agent: str = Field(
         "Hutch/0.1 (scraping job system)",
         description="User-Agent sent with every request",

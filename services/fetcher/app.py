@@ -36,6 +36,7 @@ from hutch.services.fetcher.fetch import fetch, make_client
 from hutch.services.fetcher.guard import TargetGuard, parse_overrides
 from hutch.services.fetcher.lateness import Lateness
 from hutch.services.fetcher.policy import Decision, FetchResult, decide, load_policy
+from hutch.services.fetcher.timeouts import TimeoutEstimator, Timeouts
 from hutch.urls import InvalidURL, check_url
 
 log = logging.getLogger(__name__)
@@ -61,6 +62,13 @@ class Fetcher(Service):
             max_proxy_failures=s.max_proxy_failures,
         )
         self.guard = TargetGuard(s.allowed_targets, s.allow_private_networks, parse_overrides(s.resolve))
+        self.estimator = (
+            TimeoutEstimator(
+                floor=s.adaptive_timeout_floor, k=s.adaptive_timeout_k, min_samples=s.adaptive_timeout_samples
+            )
+            if s.adaptive_timeouts
+            else None
+        )
         self.clients: dict[str | None, httpx.AsyncClient] = {}
         self._fetches: set[asyncio.Task[FetchResult]] = set()
         self.busy = 0
@@ -118,6 +126,7 @@ class Fetcher(Service):
     async def _fetch(self, task: Task, lease: Lease) -> FetchResult | None:
         """One fetch as its own asyncio task, so a shutdown can cancel it without cancelling the
         handler; None when it was cancelled that way."""
+        timeouts = self._timeouts(task)
         job = asyncio.create_task(
             fetch(
                 self._client(lease.url),
@@ -126,7 +135,8 @@ class Fetcher(Service):
                 guard=self.guard,
                 proxy=lease.url,
                 policy=self.policy,
-                total_timeout=self.settings.total_timeout,
+                total_timeout=timeouts.total,
+                read_timeout=timeouts.read,
                 max_body_bytes=self.settings.max_body_bytes,
                 max_encodings=self.settings.max_content_encodings,
             )
@@ -139,7 +149,19 @@ class Fetcher(Service):
             raise
         finally:
             self._fetches.discard(job)
-        return None if job.cancelled() else job.result()
+        if job.cancelled():
+            return None
+        result = job.result()
+        if self.estimator is not None and result.status is not None and result.outcome != "proxy_failure":
+            self.estimator.observe(task.domain, result.elapsed)  # a complete answer from the site
+        return result
+
+    def _timeouts(self, task: Task) -> Timeouts:
+        s = self.settings
+        if self.estimator is None:
+            return Timeouts(s.read_timeout, s.total_timeout)
+        earlier = sum(1 for attempt in task.history if attempt.outcome == "timeout")
+        return self.estimator.timeouts(task.domain, earlier, s.read_timeout, s.total_timeout)
 
     async def _lease(self, task: Task) -> Lease:
         if self.rpc is None or time.monotonic() < self._direct_until:

@@ -239,7 +239,8 @@ class Core:
             if verdict == "deny":
                 return Verdict("dead", why=why)
             if verdict == "wait":
-                return Verdict("wait", until, why)
+                # Held, not parked for the fetch's deadline: its answer wakes the domain.
+                return Verdict("wait", until, why, in_flight=self.robots.in_flight(url))
             if verdict == "fetch":
                 fetch_robots = origin_of(url)
         if self.leases.count(key) >= ks.limit.concurrency:
