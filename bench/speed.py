@@ -25,14 +25,16 @@ Shapes (each run `--runs` times; medians printed):
 Printed for each shape: pages/s (URLs finished, stored or dead, over the time from submit
 to the last one finished); the ratio to the sum of the limits; the worst count any domain
 received at the site within one second (a sliding window, robots.txt included); and the CPU
-seconds per 1,000 pages of every process: each service, the broker's VM, and the submitting
-`hutch submit` process. The sandbox is this process and is not counted.
+seconds per 1,000 pages of every process: each service with every process under it (the
+parser's extraction workers), the broker's VM, and the submitting `hutch submit` process.
+The sandbox is this process and is not counted.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -47,7 +49,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from broker_node import private_node
-from governor_common import bench_vhost, child_env, cpu_seconds, use_node
+from governor_common import bench_vhost, child_env, use_node
 
 from hutch.sandbox import Sandbox
 from hutch.sandbox.config import SandboxConfig, SiteConfig, load_config
@@ -125,6 +127,31 @@ def shapes(selected: list[str]) -> list[Shape]:
     return [shape for name in selected for shape in table[name]]
 
 
+def tree_cpu(pid: int) -> float:
+    """CPU seconds of a process and of every process under it, the reaped ones included (the
+    parser's extraction runs in worker processes of its own)."""
+    parents: dict[int, int] = {}
+    times: dict[int, float] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parents[int(entry)] = int(fields[1])
+        own = int(fields[11]) + int(fields[12])
+        reaped = int(fields[13]) + int(fields[14])
+        times[int(entry)] = (own + reaped) / tick
+    total, todo = 0.0, [pid]
+    while todo:
+        current = todo.pop()
+        total += times.get(current, 0.0)
+        todo.extend(child for child, parent in parents.items() if parent == current)
+    return total
+
+
 def rss_kib(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -187,10 +214,15 @@ async def run_hutch(shape: Shape, box: Sandbox, url: str, node_pid: int | None, 
     job = "speed"
     try:
         await supervisor.wait_ready(60)
+        # The sandbox (this process) stands for the sites: on a busy machine its clock must
+        # not lag, or requests that arrived apart are counted together. Ahead of the
+        # services while the job runs (root only; otherwise as it is).
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, 0, -10)
         pids = {c.label: c.process.pid for c in supervisor.children if c.process is not None}
         if node_pid is not None:
             pids["broker"] = node_pid
-        before = {label: cpu_seconds(pid) for label, pid in pids.items()}
+        before = {label: tree_cpu(pid) for label, pid in pids.items()}
         rss_at_20: dict[str, int] = {}
         started = time.time()
         cli = "from hutch.services.control.cli import main; main()"
@@ -210,9 +242,11 @@ async def run_hutch(shape: Shape, box: Sandbox, url: str, node_pid: int | None, 
                 rss_at_20 = {label: rss_kib(pid) for label, pid in pids.items() if label != "broker"}
             if finished >= shape.pages and submit_cpu is not None:
                 break
-        after = {label: cpu_seconds(pid) for label, pid in pids.items()}
+        after = {label: tree_cpu(pid) for label, pid in pids.items()}
         rss = {label: (rss_at_20.get(label, 0), rss_kib(pid)) for label, pid in pids.items() if label != "broker"}
     finally:
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, 0, 0)
         await supervisor.stop()
         log.close()
     if finished < shape.pages:

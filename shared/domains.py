@@ -53,3 +53,14 @@ def routing_key(domain: str) -> str:
 def event_key(kind: str, domain: str) -> str:
     """The events-exchange key of a domain's event (`outcome.<domain>`, `robots.<domain>`)."""
     return amqp_name(f"{kind}.{domain}")
+
+
+PROXIED_OUTCOMES = "outcome.proxied.#"  # the binding of the outcomes the proxy-manager hears
+
+
+def outcome_key(domain: str, proxied: bool) -> str:
+    """The key of an attempt's outcome event: `outcome.proxied.<domain>` when it went
+    through a proxy, `outcome.<domain>` otherwise. Every outcome matches `outcome.#` (the
+    governors, the storer); only proxied ones reach the proxy-manager, which learns nothing
+    from the rest, so a fleet without a pool sends it nothing per page."""
+    return event_key("outcome.proxied" if proxied else "outcome", domain)

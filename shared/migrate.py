@@ -14,7 +14,8 @@ the governor calls `migrate` once at start, before it consumes anything:
   `unrouted` with their key kept; every other queue's messages go to its same-named queue.
 - An emptied old queue is deleted, then the old exchanges and the old registry.
 - The per-domain queues this version had before the frontier was sharded are emptied into
-  the shards the same way (`_retire_domain_queues`).
+  the shards the same way (`_retire_domain_queues`), and the bindings it had are removed
+  (`_retire_bindings`).
 
 Several governors may start at once: an exclusive queue is the lock (the broker grants it to
 one connection), so one of them moves, the others go on, and no queue is deleted under a
@@ -56,6 +57,7 @@ async def migrate(broker: Broker, versions: Iterable[str] = PREVIOUS_VERSIONS) -
         for version in versions:
             moved += await _migrate_version(broker, version)
         moved += await _retire_domain_queues(broker)
+        await _retire_bindings(broker)
         return moved
     finally:
         await _unlock(broker, lock)
@@ -132,6 +134,13 @@ async def _retire_domain_queues(broker: Broker) -> int:
     if domains:
         log.info("moved %d tasks from %d domain queues into the frontier's shards", moved, len(domains))
     return moved
+
+
+async def _retire_bindings(broker: Broker) -> None:
+    """Remove the bindings this version had before: the proxy-manager's queue heard every
+    outcome (`outcome.#`); now only proxied ones (`PROXIED_OUTCOMES`)."""
+    topology = broker.topology
+    await _quietly(broker, lambda channel: channel.queue_unbind(topology.events_proxy, topology.events, "outcome.#"))
 
 
 def _task_key(broker: Broker, message: DeliveredMessage, topology: Topology) -> str:

@@ -49,11 +49,14 @@ def task_id(job: str, url: str) -> str:
 
 
 class Permit(Model):
-    """The governor's permission to fetch once, now: a fetcher honours it only before `expires`."""
+    """The governor's permission to fetch once, now: a fetcher honours it only before `expires`,
+    and only if it gets to it within `late_after` seconds of the quickest a permit of this
+    governor has reached it (see `hutch.services.fetcher.lateness`)."""
 
     id: str
     issued: float
     expires: float
+    late_after: float | None = None
 
 
 class Attempt(Model):

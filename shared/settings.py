@@ -90,6 +90,9 @@ class Settings(BaseSettings):
     rate: float = Field(2.0, description="default fetches per second per domain")
     burst: int = Field(1, description="token bucket size per domain")
     permit_ttl: float = Field(30.0, description="seconds a fetch permit stays valid")
+    permit_lateness: float = Field(
+        0.05, gt=0, description="seconds later than its quickest a permit may reach a fetcher and still be used"
+    )
     max_ready: int = Field(200, description="governor stops releasing while fetch.ready holds this many tasks")
     max_hold: float = Field(
         5.0, description="longest a governor waits holding one frontier message before returning it"
@@ -136,6 +139,18 @@ class Settings(BaseSettings):
     connect_timeout: float = Field(5.0, description="seconds to open a TCP connection")
     read_timeout: float = Field(10.0, description="seconds between two reads of a response")
     total_timeout: float = Field(30.0, description="seconds one fetch may take in all")
+    adaptive_timeouts: bool = Field(
+        True, description="wait on each domain about as long as its answers take (up to the timeouts above)"
+    )
+    adaptive_timeout_floor: float = Field(
+        2.0, gt=0, description="shortest read timeout and total deadline the adaptive timeouts set"
+    )
+    adaptive_timeout_k: float = Field(
+        4.0, ge=0, description="mean deviations of a domain's answer times added to their mean (TCP's K)"
+    )
+    adaptive_timeout_samples: int = Field(
+        5, ge=1, description="answers from a domain before its adaptive timeout replaces the configured one"
+    )
     user_agent: str = Field(
         "Hutch/0.1 (scraping job system)",
         description="User-Agent sent with every request",

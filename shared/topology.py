@@ -41,7 +41,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from hutch.domains import amqp_name, routing_key
+from hutch.domains import PROXIED_OUTCOMES, amqp_name, routing_key
 
 VERSION = "v3"
 PREVIOUS_VERSIONS = ("v2",)  # whose queues `hutch.migrate` empties into this version's
@@ -81,6 +81,26 @@ def tier_label(delay: float) -> str:
     return f"{ms}ms"
 
 
+LADDER_RATIO = 2.5  # no delay tier more than this many times the one below it
+
+
+def park_ladder(retry_delays: tuple[float, ...]) -> tuple[float, ...]:
+    """The retry delays with tiers added between any two more than `LADDER_RATIO` apart
+    (doubling from the lower one).
+
+    The governor parks a domain's backlog in the longest tier that brings each task back
+    before its turn; with the retries' own tiers alone (1, 5, 30, 120 s...), a task whose turn
+    is 25 s away goes to the 5 s tier five times over. With a ladder no step above 2.5x, a task
+    is parked a handful of times at most, whatever its wait. The retry policy still picks from
+    `retry_delays` alone."""
+    ladder: list[float] = []
+    for delay in retry_delays:
+        while ladder and delay > ladder[-1] * LADDER_RATIO:
+            ladder.append(ladder[-1] * 2)
+        ladder.append(delay)
+    return tuple(ladder)
+
+
 class Topology:
     """All names and arguments for one namespace; pure data, no broker."""
 
@@ -97,6 +117,7 @@ class Topology:
         self.shards = shards
         self.queue_type = queue_type
         self.retry_delays = tuple(sorted(set(float(d) for d in retry_delays)))
+        self.delays = park_ladder(self.retry_delays)  # every delay tier: the retries' and between them
         self.dlq_max_length = dlq_max_length
         self.version = version  # another than VERSION only to name an old version's queues
         p = f"{namespace}.{version}."
@@ -198,7 +219,7 @@ class Topology:
 
     @property
     def exchanges(self) -> tuple[ExchangeSpec, ...]:
-        tiers = tuple(ExchangeSpec(self.tier_exchange(d), "fanout") for d in self.retry_delays)
+        tiers = tuple(ExchangeSpec(self.tier_exchange(d), "fanout") for d in self.delays)
         return (
             ExchangeSpec(self.unrouted, "fanout"),
             ExchangeSpec(self.frontier, "direct", {"alternate-exchange": self.unrouted}),
@@ -214,7 +235,7 @@ class Topology:
         ledger = self._durable_args(delivery_limit=WORK_DELIVERY_LIMIT, dead_letter_to_dlq=True)
         plain = self._durable_args()
         tiers = []
-        for delay in self.retry_delays:
+        for delay in self.delays:
             args = dict(plain)
             args["x-message-ttl"] = round(delay * 1000)
             # No x-dead-letter-routing-key: the expired message keeps its own key
@@ -250,7 +271,7 @@ class Topology:
                     "x-max-length": 100_000,
                     "x-single-active-consumer": True,
                 },
-                ((self.events, "outcome.#"),),
+                ((self.events, PROXIED_OUTCOMES),),
             ),
             # One proxy-manager answers at a time (its caps and bans are in its memory); a
             # second one waits as standby and takes over when the first goes away.

@@ -1,8 +1,9 @@
 """The fetcher's wiring: permit check, proxy lease, fetch, and routing of the outcome.
 
 A fetcher never decides when to hit a site: it only fetches tasks that hold a fresh permit.
-A task whose permit expired goes back to the frontier without spending an attempt (the
-governor's business, bounded by time). Every error that belongs to the task spends one, so
+A task whose permit expired, or reached this fetcher later than its rate can absorb
+(`lateness`), goes back to the frontier without spending an attempt (the governor's
+business, bounded by time). Every error that belongs to the task spends one, so
 the task's attempt budget bounds it and it ends dead: a task that a fetcher died holding
 (the AMQP layer counts the crash in its headers) is recorded as an attempt `crashed` and is
 not fetched again by this delivery, and an exception nothing foresaw in fetching or routing
@@ -27,13 +28,15 @@ import httpx
 from aio_pika.exceptions import AMQPError
 
 from hutch.amqp import Delivery, PublishFailed, RpcClient
-from hutch.domains import event_key
+from hutch.domains import event_key, outcome_key
 from hutch.models import Attempt, Event, FetcherHeartbeat, Lease, LeaseRequest, Page, RobotsFetched, Task
 from hutch.service import Service
 from hutch.services.fetcher.charsets import decode_body
 from hutch.services.fetcher.fetch import fetch, make_client
 from hutch.services.fetcher.guard import TargetGuard, parse_overrides
+from hutch.services.fetcher.lateness import Lateness
 from hutch.services.fetcher.policy import Decision, FetchResult, decide, load_policy
+from hutch.services.fetcher.timeouts import TimeoutEstimator, Timeouts
 from hutch.urls import InvalidURL, check_url
 
 log = logging.getLogger(__name__)
@@ -59,10 +62,18 @@ class Fetcher(Service):
             max_proxy_failures=s.max_proxy_failures,
         )
         self.guard = TargetGuard(s.allowed_targets, s.allow_private_networks, parse_overrides(s.resolve))
+        self.estimator = (
+            TimeoutEstimator(
+                floor=s.adaptive_timeout_floor, k=s.adaptive_timeout_k, min_samples=s.adaptive_timeout_samples
+            )
+            if s.adaptive_timeouts
+            else None
+        )
         self.clients: dict[str | None, httpx.AsyncClient] = {}
         self._fetches: set[asyncio.Task[FetchResult]] = set()
         self.busy = 0
         self._direct_until = 0.0  # monotonic time until which no pool is configured, as told
+        self.lateness = Lateness()
         self.rpc = await RpcClient(self.broker).start() if s.use_proxy_manager else None
         await self.broker.consume(
             self.broker.topology.fetch_ready, Task, self._on_task, stage="fetch", prefetch=s.concurrency
@@ -115,6 +126,7 @@ class Fetcher(Service):
     async def _fetch(self, task: Task, lease: Lease) -> FetchResult | None:
         """One fetch as its own asyncio task, so a shutdown can cancel it without cancelling the
         handler; None when it was cancelled that way."""
+        timeouts = self._timeouts(task)
         job = asyncio.create_task(
             fetch(
                 self._client(lease.url),
@@ -123,7 +135,8 @@ class Fetcher(Service):
                 guard=self.guard,
                 proxy=lease.url,
                 policy=self.policy,
-                total_timeout=self.settings.total_timeout,
+                total_timeout=timeouts.total,
+                read_timeout=timeouts.read,
                 max_body_bytes=self.settings.max_body_bytes,
                 max_encodings=self.settings.max_content_encodings,
             )
@@ -136,7 +149,19 @@ class Fetcher(Service):
             raise
         finally:
             self._fetches.discard(job)
-        return None if job.cancelled() else job.result()
+        if job.cancelled():
+            return None
+        result = job.result()
+        if self.estimator is not None and result.status is not None and result.outcome != "proxy_failure":
+            self.estimator.observe(task.domain, result.elapsed)  # a complete answer from the site
+        return result
+
+    def _timeouts(self, task: Task) -> Timeouts:
+        s = self.settings
+        if self.estimator is None:
+            return Timeouts(s.read_timeout, s.total_timeout)
+        earlier = sum(1 for attempt in task.history if attempt.outcome == "timeout")
+        return self.estimator.timeouts(task.domain, earlier, s.read_timeout, s.total_timeout)
 
     async def _lease(self, task: Task) -> Lease:
         if self.rpc is None or time.monotonic() < self._direct_until:
@@ -173,6 +198,11 @@ class Fetcher(Service):
             return
         if task.permit is None or task.permit.expires <= time.time():
             await self._back_to_frontier(task, "permit_expired")
+            return
+        late = self.lateness.of(task.permit.id, task.permit.issued)
+        if task.permit.late_after is not None and late > task.permit.late_after:
+            # Fetched now, it could come too close after the domain's previous fetch.
+            await self._back_to_frontier(task, "permit_late")
             return
         self.busy += 1
         try:
@@ -353,7 +383,8 @@ class Fetcher(Service):
             incarnation=task.incarnation,
             task=task.model_copy(update={"permit": None}),  # the store keeps it (reconciler)
         )
-        await self.broker.publish(self.broker.topology.events, event_key("outcome", task.domain), event)
+        key = outcome_key(task.domain, proxied=event.proxy_id is not None)
+        await self.broker.publish(self.broker.topology.events, key, event)
 
 
 def _error(exc: Exception, elapsed: float, status: int | None = None) -> FetchResult:

@@ -2,10 +2,12 @@
 
 httpx's connect and read timeouts bound each step, but a site that trickles one byte per
 second never trips a read timeout; the total deadline (`asyncio.timeout`) bounds the whole
-fetch so no site can hold a fetch slot. The body is read raw and its content encodings undone here in bounded
-steps (decoding.py), so the cap holds on decoded bytes at every step and a compressed bomb
-or an endless body is cut off early with memory bounded; a response head over httpcore's
-100 KiB is refused by h11 and ends `too_large` too.
+fetch so no site can hold a fetch slot. The caller may shorten both per request (the adaptive
+timeouts of timeouts.py); a timeout's detail names the wait it ran into. The body is read raw
+and its content encodings undone here in bounded steps (decoding.py), so the cap holds on
+decoded bytes at every step and a compressed bomb or an endless body is cut off early with
+memory bounded; a response head over httpcore's 100 KiB is refused by h11 and ends
+`too_large` too.
 
 Through a forward proxy, an answer counts as the proxy's own failure only when the proxy says
 so: a `Proxy-Status` whose first member names the leased proxy (by the host or host:port of
@@ -158,6 +160,12 @@ def proxy_error(status: int, proxy_status: str | None, names: frozenset[str]) ->
     return f"proxy error {error[:64]} (HTTP {status})"
 
 
+def _with_read(timeout: httpx.Timeout, read: float | None) -> httpx.Timeout:
+    if read is None:
+        return timeout
+    return httpx.Timeout(connect=timeout.connect, read=read, write=timeout.write, pool=timeout.pool)
+
+
 def _head_too_large(exc: BaseException) -> bool:
     """Whether h11 refused the response head as too long (httpx wraps it twice)."""
     seen: BaseException | None = exc
@@ -181,16 +189,19 @@ async def fetch(
     total_timeout: float,
     max_body_bytes: int,
     max_encodings: int = 2,
+    read_timeout: float | None = None,
 ) -> FetchResult:
+    """Fetch `url`; `read_timeout`, when given, replaces the client's own for this request."""
     started = time.monotonic()
     proxied = proxy is not None
+    timeouts = _with_read(client.timeout, read_timeout)
 
     def elapsed() -> float:
         return time.monotonic() - started
 
     try:
         async with asyncio.timeout(total_timeout):
-            request = client.build_request("GET", url)
+            request = client.build_request("GET", url, timeout=timeouts)
             # Inside a CONNECT tunnel (https) every answer is the site's: the proxy cannot write there.
             names = proxy_names(proxy) if request.url.scheme == "http" else frozenset()
             if proxied:
@@ -245,7 +256,7 @@ async def fetch(
     except BadEncoding as exc:
         return FetchResult("bad_encoding", elapsed(), detail=str(exc))
     except TimeoutError:
-        return FetchResult("timeout", elapsed(), detail=f"no complete answer within {total_timeout}s")
+        return FetchResult("timeout", elapsed(), detail=f"no complete answer within {total_timeout:g}s")
     except httpx.ProxyError as exc:
         return FetchResult("proxy_failure", elapsed(), detail=f"proxy: {type(exc).__name__}")
     except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
@@ -253,6 +264,8 @@ async def fetch(
             return FetchResult("proxy_failure", elapsed(), detail=f"proxy unreachable: {type(exc).__name__}")
         outcome = "timeout" if isinstance(exc, httpx.ConnectTimeout) else "reset"
         return FetchResult(outcome, elapsed(), detail=f"{type(exc).__name__}: {exc}".rstrip(": "))
+    except httpx.ReadTimeout:
+        return FetchResult("timeout", elapsed(), detail=f"ReadTimeout: no data for {timeouts.read:g}s")
     except httpx.TimeoutException as exc:
         return FetchResult("timeout", elapsed(), detail=type(exc).__name__)
     except (httpx.UnsupportedProtocol, httpx.InvalidURL) as exc:

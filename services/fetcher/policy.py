@@ -13,7 +13,8 @@ a policy file (`HUTCH_POLICY_FILE`, YAML) may override any rule and add block pa
 Outcomes and their default rules:
 - ok: 2xx and not a block page -> parse.
 - timeout (connect/read timeout, total deadline), reset (refused, reset or broken by the
-  site), server_error (other 5xx): exponential backoff with jitter; spend an attempt.
+  site), server_error (other 5xx): exponential backoff with jitter, on the delay tier
+  nearest the wait; spend an attempt.
 - proxy_failure (the proxy itself refused, failed or timed out): at once through the
   frontier with another proxy; spends only past `HUTCH_MAX_PROXY_FAILURES`.
 - blocked (403, or a block or challenge page by status and body pattern): a longer
@@ -34,6 +35,7 @@ source is injected.
 
 from __future__ import annotations
 
+import math
 import random
 import re
 from collections.abc import Callable, Sequence
@@ -209,6 +211,12 @@ def _unspent(history: Sequence[Attempt], outcome: str) -> int:
     return sum(1 for a in history if a.outcome == outcome and not a.spent)
 
 
+def nearest_tier(wait: float, tiers: Sequence[float]) -> float:
+    """The tier nearest `wait` by ratio: rounding a backoff up to the next tier would make the
+    first retry after a 1.2 s wait a 5 s one, half the time, with the default tiers."""
+    return min(tiers, key=lambda tier: abs(math.log(tier / wait)))
+
+
 def decide(
     result: FetchResult,
     attempts_spent: int,
@@ -242,10 +250,12 @@ def decide(
     if rule.backoff == "none":
         return Decision("frontier", result.outcome, spend=spend, avoid_proxy=rule.avoid_proxy, detail=result.detail)
     if wait is None:
-        first = tiers[min(rule.first_tier, len(tiers) - 1)]
-        # Exponential with jitter: 0.5x to 1.5x of first * 2^(n-1).
-        wait = first * (2 ** max(spent - 1, 0)) * (0.5 + jitter())
-    delay = next((tier for tier in tiers if tier >= wait), tiers[-1])
+        start = min(rule.first_tier, len(tiers) - 1)
+        # Exponential with jitter: 0.5x to 1.5x of first * 2^(n-1), on the nearest tier from
+        # the rule's first one up.
+        delay = nearest_tier(tiers[start] * (2 ** max(spent - 1, 0)) * (0.5 + jitter()), tiers[start:])
+    else:  # the site's own wait: never shorter than it asked
+        delay = next((tier for tier in tiers if tier >= wait), tiers[-1])
     return Decision(
         "retry",
         result.outcome,

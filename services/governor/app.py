@@ -101,10 +101,32 @@ RESCUED_MEMORY = 100_000  # rescued tasks whose newest incarnation a governor re
 MAX_HELD_PER_JOB = 64  # held tasks of one domain and job, however fast its rate
 PACE_SECONDS = 5  # whole seconds over which a busy domain's peak pace is measured
 PACE_MARGIN = 2.0  # parked tasks come back in time for twice that pace
+PACED_PARK_MAX = 30.0  # seconds: the longest park of a domain its pace, not its rate, holds back
 LONG_HOLD = 600.0  # seconds a task may wait held for the fleet's capacity before it is parked
 DISPATCH_SLICE = 2000  # decisions before the dispatcher lets the loop run other work
 JOBS_QUIET = 0.3  # seconds without a record that mean the jobs stream is read to its end
 CATCH_UP_LIMIT = 30.0  # longest wait for the released log before releasing anyway
+
+
+def park_delay(
+    jl: JobLine, now: float, share: float, rate: float, pace: float | None, blocked_until: float
+) -> float:
+    """How long a task of `jl` may stay parked: until the job's tasks held and parked before
+    it would run out at its share of the domain's pace (a longer wait would leave the domain
+    idle while work waits in a tier), or the domain's long wait, whichever is later.
+
+    The pace is the rate unless the domain is measured to drain much slower: a domain with
+    no binding limit, paced by its fetches, would otherwise have every parked task sent to
+    the shortest tier, and back, and parked again, many times over. Taken with a margin
+    (`PACE_MARGIN` times the measured pace): a domain speeds up when others sharing the
+    fetchers finish, and a task parked too long leaves it idle, which costs more than a task
+    parked once more. And never longer than `PACED_PARK_MAX`: the pace is a guess about the
+    fleet (a busy machine made it look four times slower than it became), a rate is a fact.
+    The price is parks: about the backlog over that time, each second."""
+    if pace is not None and 0 < PACE_MARGIN * pace < rate:
+        share *= PACE_MARGIN * pace / rate
+        return max(min(jl.supply(now, share), PACED_PARK_MAX), blocked_until - now)
+    return max(jl.supply(now, max(share, 1e-6)), blocked_until - now)
 
 
 def let_go(held: Held, action: Action, value: Any = None) -> None:
@@ -250,6 +272,7 @@ class Governor(Service):
                 aimd_streak=s.aimd_streak,
                 min_rate=s.min_rate,
                 max_ready=s.max_ready,
+                permit_lateness=s.permit_lateness,
             ),
             key_of=key_function(s.domain_key, s.public_suffix_file),
             robots=robots,
@@ -621,26 +644,12 @@ class Governor(Service):
         return max(1, min(MAX_HELD_PER_JOB, math.ceil(wanted)))
 
     def _park_delay(self, domain: str, line: DomainLine, job: str, now: float) -> float:
-        """How long a task may stay parked: until the job's tasks held and parked before it
-        would run out at its share of the domain's pace (a longer wait would leave the domain
-        idle while work waits in a tier), or the domain's long wait, whichever is later.
-
-        The pace is the rate unless the domain is measured to drain much slower: a domain with
-        no binding limit, paced by its fetches, would otherwise have every parked task sent to
-        the shortest tier, and back, and parked again, many times over. Taken with a margin
-        (`PACE_MARGIN` times the measured pace): a domain speeds up when others sharing the
-        fetchers finish, and a task parked too long leaves it idle, which costs more than a
-        task parked once more."""
-        share = self._share(domain, line, job)
-        pace = line.pace(now)
         rate = self.core.key_state(self.core.key_of(domain)).aimd.rate
-        if pace is not None and 0 < PACE_MARGIN * pace < rate:
-            share *= PACE_MARGIN * pace / rate
-        return max(line.jobs[job].supply(now, max(share, 1e-6)), line.blocked_until - now)
+        return park_delay(line.jobs[job], now, self._share(domain, line, job), rate, line.pace(now), line.blocked_until)
 
     def _tier_at_most(self, wanted: float) -> float:
         """The longest delay tier not longer than `wanted` (the shortest if none is)."""
-        delays = self.broker.topology.retry_delays
+        delays = self.broker.topology.delays
         fitting = [d for d in delays if d <= wanted]
         return fitting[-1] if fitting else delays[0]
 

@@ -97,6 +97,26 @@ class CoreConfig:
     aimd_streak: int = 2
     min_rate: float = 0.05
     max_ready: int = 200
+    permit_lateness: float = 0.05
+
+
+MIN_LATE_AFTER = 0.01  # seconds: a tighter bound on a permit's lateness is not given
+
+
+def late_after(rate: float, burst: int, lateness: float) -> float | None:
+    """How late a permit may be fetched, in seconds, without any 1-second window at the site
+    holding more than `rate + burst` requests.
+
+    Releases a bucket lets out are at most `rate + burst` in any second. A fetch that comes
+    up to `L` seconds after its release widens the window the releases can come from to
+    `1 + L` seconds: `floor(rate x (1 + L) + burst)` requests, which stays `floor(rate +
+    burst)` while `rate x L` is below what `rate + burst` lacks of the next whole number.
+    Hence at most 0.9 of that, and at most `lateness`. None (no bound) where that is below
+    `MIN_LATE_AFTER`: at such a rate (above about 90 a second) the pipeline's own jitter is
+    larger, and most permits would go back unused."""
+    room = 1.0 - (rate + burst) % 1.0
+    bound = min(lateness, 0.9 * room / rate)
+    return bound if bound >= MIN_LATE_AFTER else None
 
 
 class Core:
@@ -219,7 +239,8 @@ class Core:
             if verdict == "deny":
                 return Verdict("dead", why=why)
             if verdict == "wait":
-                return Verdict("wait", until, why)
+                # Held, not parked for the fetch's deadline: its answer wakes the domain.
+                return Verdict("wait", until, why, in_flight=self.robots.in_flight(url))
             if verdict == "fetch":
                 fetch_robots = origin_of(url)
         if self.leases.count(key) >= ks.limit.concurrency:
@@ -259,7 +280,12 @@ class Core:
         ks.bucket.take()
         ks.released += 1
         self.released_since_look += 1
-        permit = Permit(id=f"{self.id}.{next(self._serial)}", issued=now, expires=now + self.config.permit_ttl)
+        permit = Permit(
+            id=f"{self.id}.{next(self._serial)}",
+            issued=now,
+            expires=now + self.config.permit_ttl,
+            late_after=late_after(ks.aimd.rate, ks.bucket.burst, self.config.permit_lateness),
+        )
         self.leases.add(permit.id, task.id, key, permit.expires + self.lease_extra, own=True)
         if task.purpose == "robots" and self.robots is not None:
             self.robots.fetching(origin_of(task.url), task.id, now)

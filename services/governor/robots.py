@@ -143,6 +143,12 @@ class RobotsCache:
             return "allow", now, ""
         return "deny", now, f"disallowed by {state.rules.why}"
 
+    def in_flight(self, url: str) -> bool:
+        """Whether the robots.txt of `url`'s origin is being fetched: a wait for it ends with
+        the fetch's answer, usually long before its deadline."""
+        state = self.origins.get(origin_of(url))
+        return state is not None and state.phase == "fetching"
+
     def fetching(self, origin: str, task_id: str, now: float) -> None:
         state = self.origins.setdefault(origin, OriginState())
         state.phase = "fetching"

@@ -30,7 +30,9 @@ REQUEST_OUTCOMES = (
     "redirects",
 )
 # Refused before any request went out, even with a proxy leased.
-NO_REQUEST = ("forbidden_target", "invalid_url", "permit_expired", "redelivered", "no_lease", "no_proxy")
+NO_REQUEST = (
+    "forbidden_target", "invalid_url", "permit_expired", "permit_late", "redelivered", "no_lease", "no_proxy",
+)
 TIER_ORDER = {"direct": 0, "datacenter": 1, "residential": 2, "mobile": 3}
 
 

@@ -190,7 +190,7 @@ class Storer(Service):
             waiting = 0
             for name in [q.name for q in topology.shard_queues] + [
                 topology.paused,
-                *(topology.tier_exchange(d) for d in topology.retry_delays),
+                *(topology.tier_exchange(d) for d in topology.delays),
             ]:
                 if channel.is_closed:  # a passive declare of a missing queue closes it
                     channel = await self.broker.channel()

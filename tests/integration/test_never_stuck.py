@@ -278,6 +278,47 @@ async def test_a_task_a_fetcher_died_holding_spends_an_attempt_without_being_fet
     assert fetcher.calls == []  # the page that may kill fetchers was not fetched again
 
 
+async def test_a_permit_that_reaches_the_fetcher_later_than_its_rate_allows_goes_back_unspent_unfetched(
+    broker: Broker, fetcher
+) -> None:  # type: ignore[no-untyped-def]
+    from hutch.models import Event, Permit
+
+    topology = broker.topology
+    domain = "127.0.0.1:9"
+    events = await (await broker.channel()).declare_queue(exclusive=True)
+    await events.bind(topology.events, "outcome.#")
+    now = time.time()
+
+    def task(path: str, issued: float) -> Task:
+        url = f"http://{domain}/{path}"
+        permit = Permit(id=f"gov-a.{path}", issued=issued, expires=now + 30, late_after=0.05)
+        return Task(id=task_id("job", url), job="job", url=url, domain=domain, permit=permit)
+
+    # The first sets the quickest transit from this governor; the second was released 400 ms
+    # before it but reaches the fetcher after it (a stalled pipeline, a busy machine).
+    await broker.publish(topology.work, "fetch.ready", task("on-time", issued=time.time()))
+    await wait_for(lambda: len(fetcher.calls) >= 1)
+    await broker.publish(topology.work, "fetch.ready", task("late", issued=time.time() - 0.4))
+    back = decode((await get_one(broker, topology.shard_queue(topology.shard_of(domain)).name, timeout=20)).body, Task)
+    assert back.url.endswith("/late") and back.permit is None
+    assert back.attempts == 0 and back.history == []  # nothing spent
+    assert fetcher.calls == [f"http://{domain}/on-time"]
+    late_events: list[Event] = []
+
+    async def read_events() -> bool:
+        while (message := await events.get(fail=False, no_ack=True)) is not None:
+            event = decode(message.body, Event)
+            if event.task_id == back.id:
+                late_events.append(event)
+        return bool(late_events)
+
+    for _ in range(300):  # 15 s
+        if await read_events():
+            break
+        await asyncio.sleep(0.05)
+    assert [(e.outcome, e.next) for e in late_events] == [("permit_late", "frontier")]
+
+
 # -- the governor: parking by republish, consumers that always come back ----------------
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from hutch.amqp import Broker, RpcClient
+from hutch.domains import outcome_key
 from hutch.models import Event, Lease, LeaseRequest
 from hutch.sandbox import Sandbox, SandboxConfig
 from hutch.services.proxy_manager import state
@@ -66,7 +67,8 @@ class Harness:
             kind="outcome", task_id=task, job="j", domain=domain, attempt=1,
             outcome=outcome, proxy_id=lease.proxy_id, tier=lease.tier, cost=lease.cost,
         )
-        await self.client.publish(self.client.topology.events, f"outcome.{domain}", event)
+        key = outcome_key(domain, proxied=lease.proxy_id is not None)
+        await self.client.publish(self.client.topology.events, key, event)
 
     async def close(self) -> None:
         if self.manager is not None:

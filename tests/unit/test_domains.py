@@ -6,7 +6,7 @@ import pytest
 from pamqp.constants import DOMAIN_REGEX
 from pydantic import ValidationError
 
-from hutch.domains import MAX_NAME_BYTES, InvalidURL, amqp_name, domain_of, event_key, routing_key
+from hutch.domains import MAX_NAME_BYTES, InvalidURL, amqp_name, domain_of, event_key, outcome_key, routing_key
 from hutch.settings import Settings
 from hutch.topology import Topology
 
@@ -117,6 +117,8 @@ def test_routing_key_prefixes_the_domain_with_d_dot() -> None:
 
 def test_event_keys_name_the_kind_and_the_domain() -> None:
     assert event_key("outcome", "example.com") == "outcome.example.com"
+    assert outcome_key("example.com", proxied=False) == "outcome.example.com"
+    assert outcome_key("example.com", proxied=True) == "outcome.proxied.example.com"
     assert event_key("robots", "127.0.0.1:8001") == "robots.127.0.0.1:8001"
 
 

@@ -308,6 +308,18 @@ def test_robots_txt_is_fetched_first_with_the_domains_token_and_pages_wait_for_i
     assert (dead.action, dead.why) == ("dead", "disallowed by robots.txt")
 
 
+def test_pages_wait_for_a_robots_fetch_in_flight_not_for_its_deadline(clock: FakeClock) -> None:
+    core = make_core(clock, robots=True)
+    new_domain(core)
+    clock.advance(0.25)
+    core.commit(core.robots_task("http://a.example", D), D)
+    waiting = core.check(task(), D)
+    assert (waiting.action, waiting.in_flight) == ("wait", True)  # held until the answer, not parked
+    core.on_robots(RobotsFetched(domain=D, url=f"http://{D}/robots.txt", status=500, outcome="server_error"))
+    failing = core.check(task(), D)
+    assert (failing.action, failing.in_flight) == ("wait", False)  # a retry later: a long wait, parked
+
+
 def test_crawl_delay_lowers_the_domains_rate(clock: FakeClock) -> None:
     core = make_core(clock, rate=4.0, robots=True)
     new_domain(core)

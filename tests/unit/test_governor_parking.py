@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hutch.services.governor.app import JobLine
+from hutch.services.governor.app import DomainLine, JobLine, park_delay
 
 NOW = 1_000.0
 
@@ -34,3 +34,65 @@ def test_a_parked_count_ends_at_the_second_its_tasks_are_due_back() -> None:
     jl = line(held=0, returns={int(NOW) + 5: 3, int(NOW) - 1: 4})
     assert jl.parked(NOW) == 3
     assert jl.parked(NOW + 6) == 0 and jl.returns == {}
+
+
+def test_a_task_that_comes_back_is_no_longer_counted_as_to_come() -> None:
+    jl = line(held=0, returns={int(NOW) + 5: 2})
+    jl.came_back(int(NOW) + 5)
+    assert jl.returns == {int(NOW) + 5: 1}
+    jl.came_back(int(NOW) + 5)
+    jl.came_back(int(NOW) + 5)  # one parked by an earlier governor: nothing to take back
+    jl.came_back(int(NOW) + 9)
+    assert jl.returns == {}
+
+
+def busy_domain(since: float, releases: dict[int, int]) -> DomainLine:
+    domain = DomainLine(busy_since=since)
+    for second, count in releases.items():
+        for _ in range(count):
+            domain.released(second + 0.5)
+    return domain
+
+
+def test_a_domain_has_no_pace_until_it_has_been_busy_a_whole_second() -> None:
+    assert DomainLine().pace(NOW) is None
+    assert busy_domain(NOW - 0.5, {}).pace(NOW) is None
+
+
+def test_the_pace_is_the_busiest_whole_second_of_the_last_few_while_busy() -> None:
+    # Busy since NOW - 10: the seconds NOW-5 .. NOW-1 count; the current one is not whole.
+    domain = busy_domain(NOW - 10, {int(NOW) - 4: 30, int(NOW) - 2: 12, int(NOW) - 1: 20, int(NOW): 90})
+    assert domain.pace(NOW) == 30.0
+
+
+def test_seconds_before_the_domain_was_busy_do_not_count() -> None:
+    domain = busy_domain(NOW - 2.5, {int(NOW) - 4: 30, int(NOW) - 1: 8})
+    assert domain.pace(NOW) == 8.0
+
+
+def test_old_release_counts_are_forgotten() -> None:
+    domain = busy_domain(NOW - 100, {int(NOW) - 50 + k: 1 for k in range(50)})
+    assert len(domain.releases) <= 7
+
+
+def test_a_domain_that_keeps_its_rate_parks_at_its_share_of_the_rate() -> None:
+    jl = line(held=50, returns={int(NOW) + 5: 100, int(NOW) + 15: 700})
+    assert park_delay(jl, NOW, share=10.0, rate=10.0, pace=10.0, blocked_until=0.0) == 85.0
+    assert park_delay(jl, NOW, share=10.0, rate=10.0, pace=None, blocked_until=0.0) == 85.0
+
+
+def test_a_domain_the_fleet_paces_below_its_rate_parks_at_twice_its_pace_for_30_s_at_most() -> None:
+    # Rate 1,000/s, drained at 5/s: at 10/s, 50 held last 5 s; 150 more back in time, 20 s.
+    assert park_delay(line(held=50), NOW, share=1000.0, rate=1000.0, pace=5.0, blocked_until=0.0) == 5.0
+    jl = line(held=50, returns={int(NOW) + 5: 150})
+    assert park_delay(jl, NOW, share=1000.0, rate=1000.0, pace=5.0, blocked_until=0.0) == 20.0
+    # 800 back in time would carry it 85 s: a guess of a pace is not trusted that far.
+    jl = line(held=50, returns={int(NOW) + 5: 800})
+    assert park_delay(jl, NOW, share=1000.0, rate=1000.0, pace=5.0, blocked_until=0.0) == 30.0
+    # Counted at its rate it would look a few milliseconds long: the shortest tier, again and again.
+    assert park_delay(jl, NOW, share=1000.0, rate=1000.0, pace=None, blocked_until=0.0) == 0.05
+
+
+def test_a_long_wait_of_the_domain_outlasts_any_supply() -> None:
+    jl = line(held=50)
+    assert park_delay(jl, NOW, share=1000.0, rate=1000.0, pace=5.0, blocked_until=NOW + 60) == 60.0

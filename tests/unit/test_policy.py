@@ -60,17 +60,34 @@ def test_permanent_failures_go_dead_at_once_without_retry(outcome: str) -> None:
 
 
 @pytest.mark.parametrize("outcome", ["timeout", "reset", "server_error"])
-def test_transient_failures_back_off_exponentially_on_the_smallest_tier_long_enough(outcome: str) -> None:
-    delays = [run(outcome, spent=n).delay for n in range(4)]
-    # jitter 0.5 -> exactly first * 2^(n-1): 1, 1, 2 -> 5, 4 -> 5, 8 -> 30
-    assert delays == [1.0, 1.0, 5.0, 5.0] or delays == [1.0, 5.0, 5.0, 30.0]
-    assert all(d in TIERS for d in delays)
+def test_transient_failures_back_off_exponentially_on_the_tier_nearest_the_wait(outcome: str) -> None:
+    policy = Policy(max_attempts=10)
+    delays = [run(outcome, spent=n, policy=policy).delay for n in range(6)]
+    # jitter 0.5 -> exactly first * 2^(n-1): 1, 2, 4, 8, 16, 32 -> the tiers 1, 1, 5, 5, 30, 30
+    assert delays == [1.0, 1.0, 5.0, 5.0, 30.0, 30.0]
     assert run(outcome).spend is True
 
 
+@pytest.mark.parametrize("jitter", [0.0, 0.3, 0.999])
+def test_a_backoff_never_goes_below_its_rules_first_tier(jitter: float) -> None:
+    tiers = (0.2, 0.5, 1.0)  # a block starts from the second: its first wait, 0.25 to 0.75 s, is nearer 0.2 s
+    assert decide(result("blocked"), 0, [], POLICY, tiers, jitter=lambda: jitter).delay in (0.5, 1.0)
+
+
+@pytest.mark.parametrize("jitter", [0.0, 0.5, 0.7, 0.999])
+def test_a_first_retry_never_rounds_up_to_the_five_second_tier(jitter: float) -> None:
+    assert decide(result("timeout"), 0, [], POLICY, TIERS, jitter=lambda: jitter).delay == 1.0
+
+
+@pytest.mark.parametrize(("jitter", "delay"), [(0.0, 1.0), (0.6, 1.0), (0.7, 5.0), (0.999, 5.0)])
+def test_a_wait_between_two_tiers_goes_to_the_nearer_by_ratio(jitter: float, delay: float) -> None:
+    # waits 1, 2.2, 2.4 and 3 s: 2.24 s is as far from 1 s as from 5 s by ratio
+    assert decide(result("timeout"), 1, [], POLICY, TIERS, jitter=lambda: jitter).delay == delay
+
+
 def test_jitter_spreads_the_backoff_between_half_and_one_and_a_half_times() -> None:
-    low = decide(result("timeout"), 3, [], Policy(max_attempts=10), TIERS, jitter=lambda: 0.0)
-    high = decide(result("timeout"), 3, [], Policy(max_attempts=10), TIERS, jitter=lambda: 0.999)
+    low = decide(result("timeout"), 2, [], Policy(max_attempts=10), TIERS, jitter=lambda: 0.0)
+    high = decide(result("timeout"), 2, [], Policy(max_attempts=10), TIERS, jitter=lambda: 0.999)
     assert low.delay is not None and high.delay is not None
     assert low.delay < high.delay
 

@@ -20,7 +20,7 @@ def quorum() -> Topology:
 
 
 def tier_queues(topology: Topology) -> list[QueueSpec]:
-    names = {topology.tier_exchange(delay) for delay in topology.retry_delays}
+    names = {topology.tier_exchange(delay) for delay in topology.delays}
     return [q for q in topology.queues if q.name in names]
 
 
@@ -111,6 +111,20 @@ def test_retry_delays_are_sorted_and_deduplicated() -> None:
     assert Topology("x", retry_delays=[30, 1, 5, 1.0]).retry_delays == (1.0, 5.0, 30.0)
 
 
+def test_parking_tiers_fill_every_gap_wider_than_two_and_a_half_times_between_the_retry_tiers() -> None:
+    topology = Topology("x", retry_delays=DELAYS)
+    assert topology.delays == (1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 240.0, 600.0, 1200.0, 2400.0, 3600.0)
+    assert set(topology.retry_delays) <= set(topology.delays)
+    assert all(b <= a * 2.5 for a, b in zip(topology.delays, topology.delays[1:], strict=False))
+    assert Topology("x", retry_delays=(0.5, 1, 2, 5)).delays == (0.5, 1.0, 2.0, 5.0)
+
+
+def test_every_tier_is_declared_with_its_own_ttl_and_leads_back_to_the_frontier(classic: Topology) -> None:
+    tiers = tier_queues(classic)
+    assert [q.arguments["x-message-ttl"] for q in tiers] == [round(d * 1000) for d in classic.delays]
+    assert all(q.arguments["x-dead-letter-exchange"] == classic.frontier for q in tiers)
+
+
 @pytest.mark.parametrize(
     ("wanted", "tier"),
     [(0, 1), (0.2, 1), (1, 1), (1.01, 5), (5, 5), (6, 30), (29.9, 30), (121, 600), (3600, 3600)],
@@ -137,7 +151,8 @@ def test_there_is_one_fanout_exchange_and_one_queue_per_tier(classic: Topology) 
 def test_tier_queues_hold_a_fixed_ttl_in_milliseconds(queue_type: str) -> None:
     topology = Topology("acme", queue_type, (0.5, 1, 30, 3600))  # type: ignore[arg-type]
     ttls = [q.arguments["x-message-ttl"] for q in tier_queues(topology)]
-    assert ttls == [500, 1000, 30_000, 3_600_000]
+    assert ttls == [round(d * 1000) for d in topology.delays]
+    assert {500, 1000, 30_000, 3_600_000} <= set(ttls)
     assert all(isinstance(ttl, int) for ttl in ttls)
 
 
@@ -145,7 +160,7 @@ def test_tier_queues_hold_a_fixed_ttl_in_milliseconds(queue_type: str) -> None:
 def test_tier_queues_dead_letter_into_the_frontier_without_a_routing_key(queue_type: str) -> None:
     topology = Topology("acme", queue_type, DELAYS)  # type: ignore[arg-type]
     queues = tier_queues(topology)
-    assert len(queues) == len(DELAYS)
+    assert len(queues) == len(topology.delays)
     for q in queues:
         assert q.arguments["x-dead-letter-exchange"] == topology.frontier
         assert "x-dead-letter-routing-key" not in q.arguments
@@ -333,9 +348,9 @@ def test_the_storer_hears_releases_and_outcomes_but_not_heartbeats(classic: Topo
     assert bindings == ((classic.events, "released.#"), (classic.events, "outcome.#"))
 
 
-def test_the_proxy_manager_hears_every_outcome_on_a_durable_queue(classic: Topology) -> None:
+def test_the_proxy_manager_hears_every_proxied_outcome_on_a_durable_queue(classic: Topology) -> None:
     spec = classic.queue(classic.events_proxy)
-    assert spec.bindings == ((classic.events, "outcome.#"),)
+    assert spec.bindings == ((classic.events, "outcome.proxied.#"),)
     assert "x-expires" not in spec.arguments
 
 

@@ -1,0 +1,75 @@
+"""A permit's lateness at the fetcher, and the bound its rate allows: pacing at the site."""
+
+from __future__ import annotations
+
+import pytest
+
+from hutch.services.fetcher.lateness import Lateness
+from hutch.services.governor.core import late_after
+
+from .clock import FakeClock
+
+
+def test_the_quickest_permit_is_on_time_and_others_are_late_by_what_they_took_more() -> None:
+    clock = FakeClock()
+    lateness = Lateness(clock)
+    assert lateness.of("g1.1", issued=clock.now - 0.004) == 0.0  # 4 ms on the way
+    assert lateness.of("g1.2", issued=clock.now - 0.104) == pytest.approx(0.100)
+    assert lateness.of("g1.3", issued=clock.now - 0.002) == 0.0  # quicker: the new best
+    assert lateness.of("g1.4", issued=clock.now - 0.012) == pytest.approx(0.010)
+
+
+def test_a_clock_offset_between_the_hosts_cancels_out() -> None:
+    # The governor's clock is 50 ms ahead: every `issued` looks 50 ms in the future.
+    clock = FakeClock()
+    lateness = Lateness(clock)
+    assert lateness.of("g1.1", issued=clock.now + 0.050 - 0.003) == 0.0
+    assert lateness.of("g1.2", issued=clock.now + 0.050 - 0.033) == pytest.approx(0.030)
+
+
+def test_each_governor_is_measured_against_its_own_quickest_permit() -> None:
+    clock = FakeClock()
+    lateness = Lateness(clock)
+    lateness.of("g1.1", issued=clock.now - 0.001)
+    assert lateness.of("g2.1", issued=clock.now - 0.200) == 0.0  # another clock, its first permit
+
+
+def test_the_quickest_transit_is_forgotten_after_the_window() -> None:
+    clock = FakeClock()
+    lateness = Lateness(clock)
+    lateness.of("g1.1", issued=clock.now - 0.001)
+    clock.advance(31.0)
+    assert lateness.of("g1.2", issued=clock.now - 0.050) == 0.0  # a clock step, or a slower path
+
+
+@pytest.mark.parametrize(
+    ("rate", "burst", "expected"),
+    [
+        (4.0, 1, 0.05),  # 0.9 / 4 = 0.225: the setting binds
+        (20.0, 1, 0.045),  # 0.9 / 20
+        (2.5, 1, 0.05),  # 3.5 lacks 0.5 of 4: 0.9 x 0.5 / 2.5 = 0.18
+        (3.7, 2, 0.05),  # 5.7 lacks 0.3: 0.9 x 0.3 / 3.7 = 0.073
+        (60.0, 1, 0.015),
+    ],
+)
+def test_the_lateness_a_rate_allows(rate: float, burst: int, expected: float) -> None:
+    assert late_after(rate, burst, lateness=0.05) == pytest.approx(expected)
+
+
+def test_above_about_90_per_second_no_bound_is_given() -> None:
+    assert late_after(100.0, 1, lateness=0.05) is None
+    assert late_after(100_000.0, 1, lateness=0.05) is None
+
+
+@pytest.mark.parametrize(("rate", "burst"), [(8.0, 1), (4.0, 1), (2.5, 1), (0.5, 1), (3.7, 2), (20.0, 3), (60.0, 1)])
+def test_fetches_within_the_bound_keep_every_second_within_rate_plus_burst(rate: float, burst: int) -> None:
+    # Releases exactly at the bucket's pace (the worst case: every token used at once), each
+    # fetched a different amount late, up to the bound: no 1-second window at the site holds
+    # more than rate + burst.
+    bound = late_after(rate, burst, lateness=0.05)
+    assert bound is not None
+    releases = [0.0] * burst + [k / rate for k in range(1, int(rate * 20))]
+    delays = [0.0, bound, 0.3 * bound, bound, 0.0, 0.9 * bound]
+    fetches = sorted(t + delays[k % len(delays)] for k, t in enumerate(releases))
+    worst = max(sum(1 for t in fetches if start <= t < start + 1.0) for start in fetches)
+    assert worst <= int(rate + burst)
