@@ -30,7 +30,6 @@ from hutch.settings import Settings
 from hutch.store import JobCounts, sqlite_path
 
 from ..brokers import BrokerNode, available
-from ..conftest import quick_reconnect
 from ..e2e import conftest as e2e
 from ..e2e.conftest import Services, submit_urls
 
@@ -77,7 +76,7 @@ def node(broker_node: BrokerNode) -> BrokerNode:
 @pytest.fixture
 def amqp_url(node: BrokerNode) -> str:
     """The broker the services and `settings` use: the test's own node (a module may proxy it)."""
-    return quick_reconnect(node.url)
+    return node.url
 
 
 @pytest.fixture

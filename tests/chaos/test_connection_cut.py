@@ -17,7 +17,6 @@ from hutch.sandbox import Sandbox
 from hutch.settings import Settings
 
 from ..brokers import BrokerNode
-from ..conftest import quick_reconnect
 from ..e2e.conftest import Services
 from ..tcpproxy import TcpProxy
 from .conftest import check_job, submit_job, wait_for_progress
@@ -35,7 +34,7 @@ async def proxy(node: BrokerNode) -> AsyncIterator[TcpProxy]:
 
 @pytest.fixture
 def amqp_url(proxy: TcpProxy) -> str:
-    return quick_reconnect(proxy.url)  # every service and the submitting client go through the proxy
+    return proxy.url  # every service and the submitting client go through the proxy
 
 
 async def test_a_job_survives_its_broker_connections_cut_twice_without_losing_or_duplicating_a_url(
