@@ -53,8 +53,10 @@ def _with_vhost(url: str, vhost: str) -> str:
 def quick_reconnect(url: str) -> str:
     """`url` asking aio-pika to retry a lost connection every second rather than every 5 s.
 
-    A test setting, like the short timeouts below: tests that drop, cut or restart the
-    broker wait for reconnects, and the product's default interval is aio-pika's.
+    A test setting, like the short timeouts below: tests that drop the shared broker's
+    connections wait for reconnects, and the product's default interval is aio-pika's.
+    Not for the chaos tests' own nodes: with 1 s, a job whose broker connections were cut
+    (tests/chaos/test_connection_cut.py) stopped progressing once they were restored.
     """
     parts = urlsplit(url)
     if "reconnect_interval=" in parts.query:
