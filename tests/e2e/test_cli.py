@@ -35,6 +35,7 @@ from hutch.amqp import Broker
 from hutch.domains import domain_of
 from hutch.models import DeadLetter, Task
 from hutch.sandbox import Sandbox, expected_page, load_config
+from hutch.services.control.cli import main
 from hutch.settings import Settings
 from hutch.store import Store
 from hutch.topology import Topology
@@ -272,12 +273,19 @@ def refused_in_one_sentence(done: Finished, *needles: str) -> None:
 # -- help ------------------------------------------------------------------------------------------
 
 
-async def test_help_lists_every_command_and_every_command_has_its_own_help(env: dict[str, str]) -> None:
-    top, *each = await asyncio.gather(hutch(env, "--help"), *(hutch(env, command, "--help") for command in COMMANDS))
+async def test_help_lists_every_command_and_every_command_has_its_own_help(
+    env: dict[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    top = await hutch(env, "--help")  # the installed command, as a user runs it
     assert top.code == 0, top
     listed = re.findall(r"^    (\w+) ", top.out, re.MULTILINE)
     assert listed == list(COMMANDS)
-    for command, done in zip(COMMANDS, each, strict=True):
+    # Each command's help from the same entry point, in this process: one process per
+    # command cost a second of imports each, and the parser is all that answers `--help`.
+    for command in COMMANDS:
+        with pytest.raises(SystemExit) as exited:
+            main([command, "--help"])
+        done = Finished(int(exited.value.code or 0), *capsys.readouterr())
         assert done.code == 0, done
         assert done.out.startswith(f"usage: hutch {command}"), done.out
         assert "options:" in done.out
@@ -495,8 +503,7 @@ async def test_a_url_file_with_an_invalid_line_is_refused_with_its_line_number_a
     await declare_topology(settings)
     domains = {domain_of(url) for url in good}
 
-    for command in ("submit", "run"):
-        done = await hutch(env, command, str(urls_file))
+    for done in await asyncio.gather(*(hutch(env, command, str(urls_file)) for command in ("submit", "run"))):
         refused_in_one_sentence(done, "mixed.txt line 2", "ftp://x")
     assert stored_tasks(settings, "mixed") == []
     assert not job_exists(settings, "mixed")
@@ -531,8 +538,8 @@ async def test_a_spec_with_a_bad_selector_is_refused_before_anything_is_submitte
     urls_file = write(tmp_path / "good.txt", "http://127.0.0.1:9/a\nhttp://127.0.0.1:9/b\n")
     spec = write(tmp_path / "spec.yaml", f'fields:\n  price: "css:span.price::text"\n  title: {rule}\n')
     await declare_topology(settings)
-    for command in ("submit", "run"):
-        done = await hutch(env, command, str(urls_file), "--spec", str(spec))
+    commands = ("submit", "run")
+    for done in await asyncio.gather(*(hutch(env, c, str(urls_file), "--spec", str(spec)) for c in commands)):
         refused_in_one_sentence(done, "spec.yaml", "field 'title'", why)
     assert not job_exists(settings, "good")
     assert set((await queued_messages(settings, {"127.0.0.1:9"})).values()) == {0}
@@ -590,8 +597,7 @@ async def test_a_job_name_that_could_leave_the_data_folder_is_refused_and_nothin
 ) -> None:
     urls_file = write(tmp_path / "urls.txt", "http://127.0.0.1:9/a\n")
     before = files_under(tmp_path)
-    for command in ("submit", "run"):
-        done = await hutch(env, command, str(urls_file), "--job", job)
+    for done in await asyncio.gather(*(hutch(env, c, str(urls_file), "--job", job) for c in ("submit", "run"))):
         refused_in_one_sentence(done, "invalid job name", "letters, digits")
         assert "\x1b" not in done.err
     assert files_under(tmp_path) == before  # no store, no export file, nothing outside

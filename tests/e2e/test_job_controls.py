@@ -81,7 +81,7 @@ def states(settings: Settings, job: str) -> dict[str, str]:
 async def test_a_paused_job_fetches_nothing_while_another_goes_on_and_completes_once_resumed(
     settings: Settings, sandbox: Sandbox, services: Services
 ) -> None:
-    held_back, going = pages(sandbox, 0, 30), pages(sandbox, 30, 60)
+    held_back, going = pages(sandbox, 0, 15), pages(sandbox, 15, 30)  # 3 s a job at 5/s a site
     await control(settings, "held-back", "pause")
     await submit_urls(settings, "held-back", held_back, SPEC)
     await submit_urls(settings, "going", going, SPEC)

@@ -137,6 +137,9 @@ async def test_a_task_whose_message_was_lost_is_rescued_and_ends_stored(
 async def test_a_task_lost_again_and_again_ends_dead_as_stalled_after_its_rescues(
     settings: Settings, sandbox: Sandbox
 ) -> None:
+    # No fetcher ever runs here, so the fetch deadlines can be shorter still: a task in flight
+    # is lost after 1 + 1 + 1 + 2 + 1 = 6 s, and each of its three incarnations waits that long.
+    settings = settings.model_copy(update={"permit_ttl": 1.0, "total_timeout": 1.0, "reconcile_margin": 1.0})
     urls = sandbox.sites["south"].urls()[:3]
     without_fetcher = tuple(s for s in SERVICES if s != "fetcher")
     supervisor = await start(settings, sandbox, without_fetcher, fetchers=0)

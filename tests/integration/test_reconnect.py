@@ -9,7 +9,7 @@ from urllib.parse import unquote, urlsplit
 
 import pytest
 
-from hutch.amqp import Broker, Delivery
+from hutch.amqp import Broker, Delivery, PublishFailed
 from hutch.models import Task, task_id
 from hutch.settings import Settings
 
@@ -102,14 +102,22 @@ async def test_an_event_listener_is_registered_again_after_the_broker_drops_its_
         for _ in range(150):  # until the exclusive queue is back with a consumer on it
             await asyncio.sleep(0.2)
             try:
-                probe = await other.channel()
-                declared = await probe.declare_queue(name, passive=True)
+                # On the listener's own connection: an exclusive queue is locked to any other.
+                probe = await broker.raw_channel()
+                declared = await probe.queue_declare(name, passive=True)
                 await probe.close()
             except Exception:
                 continue
-            if declared.declaration_result.consumer_count:
+            if declared.consumer_count:
                 break
-        await other.publish(broker.topology.events, "outcome.a.example", b"after")
+        for attempt in range(150):  # `other` was dropped too: publish once its channel is back
+            try:
+                await other.publish(broker.topology.events, "outcome.a.example", b"after")
+                break
+            except PublishFailed:
+                if attempt == 149:
+                    raise
+                await asyncio.sleep(0.2)
         for _ in range(50):
             if len(heard) > 1:
                 break
