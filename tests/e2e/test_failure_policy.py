@@ -55,7 +55,7 @@ class Outcome:
     @property
     def tries(self) -> list[str]:
         """Outcomes of the requests that reached a site (not waits for a proxy or a permit)."""
-        skip = {"no_proxy", "proxy_failure", "permit_expired", "redelivered", "no_lease"}
+        skip = {"no_proxy", "proxy_failure", "permit_expired", "permit_late", "redelivered", "no_lease"}
         return [o for o in self.outcomes if o not in skip]
 
     @property

@@ -480,7 +480,7 @@ def test_a_learned_tier_gone_from_the_pool_falls_back_to_what_the_pool_has() -> 
 def test_events_without_a_proxy_change_nothing() -> None:
     s = selector(FakeClock(1_000_000.0))
     before = s.version
-    for outcome in ("permit_expired", "no_lease", "no_proxy", "redelivered"):
+    for outcome in ("permit_expired", "permit_late", "no_lease", "no_proxy", "redelivered"):
         s.report(Event(kind="outcome", task_id="t", job="j", domain="shop", attempt=0, outcome=outcome))
     assert s.version == before
 
