@@ -12,6 +12,7 @@ from urllib.parse import unquote, urlsplit
 import pytest
 
 from hutch.amqp import Broker, topology_for
+from hutch.domains import outcome_key
 from hutch.models import DeadLetter, decode
 from hutch.sandbox import Sandbox
 from hutch.settings import Settings
@@ -78,7 +79,7 @@ async def test_poison_on_every_queue_is_dead_lettered_and_the_job_still_complete
             (topology.work, "fetch.ready"),
             (topology.work, "parse"),
             (topology.work, "store"),
-            (topology.events, f"outcome.{domain}"),
+            (topology.events, outcome_key(domain, proxied=True)),  # the proxy-manager hears these too
         ):
             await broker.publish(exchange, key, b"{not json at all")
         counts = await services.wait_done("poison", timeout=60)
