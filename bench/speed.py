@@ -338,7 +338,7 @@ async def main() -> None:
         loop.add_signal_handler(sig, stop.set)
     results = []
     needs_node = any(not s.bare for s in selected)
-    with private_node() if needs_node else _no_node() as node:
+    with private_node() if needs_node else contextlib.nullcontext() as node:
         if node is not None:
             use_node(node.url, node.nodename)
             print(f"broker: a node of its own ({node.nodename}, port {node.port})", flush=True)
@@ -362,14 +362,6 @@ async def main() -> None:
             results.append(report(shape, runs))
     if args.json:
         await asyncio.to_thread(Path(args.json).write_text, json.dumps(results, indent=2) + "\n")
-
-
-class _no_node:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
 
 
 if __name__ == "__main__":

@@ -683,7 +683,7 @@ class Governor(Service):
         jl = line.jobs.get(task.job)
         if jl is None:
             jl = line.jobs[task.job] = JobLine(served=min((j.served for j in line.jobs.values()), default=0.0))
-        back = message.properties.headers.get(PARKED_HEADER) if message.properties.headers else None
+        back = message.headers.get(PARKED_HEADER)
         if isinstance(back, int):
             jl.came_back(back)  # counted as still to come no longer
         state = self._job(task.job).state
