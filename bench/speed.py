@@ -66,7 +66,7 @@ SPEC_YAML = """fields:
   description: "css:p.desc::text"
   links: {css: "ul.links a::attr(href)", many: true}
 """
-JOB_LIMIT = 900.0  # seconds any one job may take before the run is reported as unfinished
+JOB_LIMIT = 900.0  # seconds a job may take before the run is reported as unfinished (longer ones: 25 pages/s)
 
 
 @dataclass
@@ -92,6 +92,10 @@ class Run:
     worst_second: int
     cpu: dict[str, float] = field(default_factory=dict)  # process label -> CPU seconds
     rss: dict[str, tuple[int, int]] = field(default_factory=dict)  # label -> (KiB at 20 %, at 100 %)
+    # Where the time went, medians over the sites: submit to a site's robots.txt request and
+    # to its first page request; its page requests per second between its first and last;
+    # its last request to the job's last URL finished.
+    timeline: dict[str, float] = field(default_factory=dict)
 
     @property
     def rate(self) -> float:
@@ -231,7 +235,8 @@ async def run_hutch(shape: Shape, box: Sandbox, url: str, node_pid: int | None, 
         submitting = asyncio.create_task(asyncio.to_thread(run_measured, submit, env))
         submit_cpu: float | None = None
         finished, stored, last = 0, 0, None
-        while time.time() - started < JOB_LIMIT:
+        limit = max(JOB_LIMIT, shape.pages / 25)
+        while time.time() - started < limit:
             await asyncio.sleep(0.25)
             if submitting.done() and submit_cpu is None:
                 status, submit_cpu, output = submitting.result()
@@ -250,26 +255,51 @@ async def run_hutch(shape: Shape, box: Sandbox, url: str, node_pid: int | None, 
         await supervisor.stop()
         log.close()
     if finished < shape.pages:
-        print(f"    unfinished after {JOB_LIMIT:.0f}s: {finished}/{shape.pages}; see {work}", flush=True)
+        print(f"    unfinished after {max(JOB_LIMIT, shape.pages / 25):.0f}s: {finished}/{shape.pages}; see {work}",
+              flush=True)
     cpu = {label: after[label] - before[label] for label in pids}
     cpu["submit"] = submit_cpu or 0.0
     worst = box.worst_host_second()
+    seconds = (last or time.time()) - started
     return Run(
         pages=shape.pages,
         finished=finished,
         stored=stored,
-        seconds=(last or time.time()) - started,
+        seconds=seconds,
         worst_second=worst[1] if worst else 0,
         cpu=cpu,
         rss=rss,
+        timeline=timeline(box, started, seconds),
     )
+
+
+def timeline(box: Sandbox, started: float, seconds: float) -> dict[str, float]:
+    """Medians over the sites (`Run.timeline`), from the sandbox's record of every request."""
+    by_site: dict[str, list[float]] = {}
+    robots: dict[str, float] = {}
+    for record in box.log:
+        if record.kind != "site" or record.site is None:
+            continue
+        if record.path == "/robots.txt":
+            robots.setdefault(record.site, record.ts)
+        else:
+            by_site.setdefault(record.site, []).append(record.ts)
+    spans = [times for times in by_site.values() if len(times) > 1]
+    if not spans:
+        return {}
+    return {
+        "robots": statistics.median(t - started for t in robots.values()) if robots else float("nan"),
+        "first_request": statistics.median(times[0] - started for times in spans),
+        "steady_rate": statistics.median((len(times) - 1) / (times[-1] - times[0]) for times in spans),
+        "after_last_request": statistics.median(started + seconds - times[-1] for times in spans),
+    }
 
 
 async def run_once(shape: Shape, node_url: str | None, node_pid: int | None, keep: Path) -> Run:
     config = SandboxConfig(host="127.0.0.1", seed=shape.seed, sites=shape.sites)
     with tempfile.TemporaryDirectory() as scratch:
         work = Path(tempfile.mkdtemp(dir=keep)) if keep else Path(scratch)
-        async with Sandbox(config) as box:
+        async with Sandbox(config, access_log=work / "access.jsonl" if keep else None) as box:
             if shape.bare:
                 return await run_bare(shape, box, work)
             assert node_url is not None
@@ -297,6 +327,16 @@ def report(shape: Shape, runs: list[Run]) -> dict[str, object]:
               f"(rate + burst = {shape.rate + 1:g})")
     else:
         print(f"    worst 1-second count at the site, any domain: {max(r.worst_second for r in runs)}")
+    if all(r.timeline for r in runs):
+        def middle(key: str) -> float:
+            return statistics.median(r.timeline[key] for r in runs)
+
+        steady = middle("steady_rate")
+        of_rate = f" ({steady / shape.rate:.3f} of the rate)" if shape.rate else ""
+        print(f"    per domain (medians): robots.txt {middle('robots'):.2f} s and first page "
+              f"{middle('first_request'):.2f} s after submit; "
+              f"{steady:.2f} requests/s from its first to its last{of_rate}; "
+              f"last URL finished {middle('after_last_request'):.2f} s after its last request")
     cpu = ", ".join(f"{label} {value:.2f}" for label, value in per_k.items())
     print(f"    CPU s per 1,000 pages: {total_per_k:.2f} in all ({cpu})")
     if any(r.rss for r in runs):
@@ -312,6 +352,8 @@ def report(shape: Shape, runs: list[Run]) -> dict[str, object]:
         "cpu_per_1000": per_k,
         "cpu_total_per_1000": total_per_k,
         "worst_second": max(r.worst_second for r in runs),
+        "timeline": {k: statistics.median(r.timeline[k] for r in runs) for k in runs[0].timeline}
+        if all(r.timeline for r in runs) else {},
         "limit_ratio": None if limit_sum is None else statistics.median(r.rate / limit_sum for r in runs),
     }
 
@@ -326,7 +368,7 @@ async def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--shapes", default="small,large,limited,polite,bare")
     parser.add_argument("--json", help="also write the figures here")
-    parser.add_argument("--keep", help="keep each run's folder (logs, store) under this folder")
+    parser.add_argument("--keep", help="keep each run's folder (logs, store, the sites' access log) under this folder")
     args = parser.parse_args()
     selected = shapes([s.strip() for s in args.shapes.split(",") if s.strip()])
     keep = Path(args.keep) if args.keep else None
