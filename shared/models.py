@@ -49,14 +49,17 @@ def task_id(job: str, url: str) -> str:
 
 
 class Permit(Model):
-    """The governor's permission to fetch once, now: a fetcher honours it only before `expires`,
-    and only if it gets to it within `late_after` seconds of the quickest a permit of this
-    governor has reached it (see `hutch.services.fetcher.lateness`)."""
+    """The governor's permission to fetch once: a fetcher honours it only before `expires`, not
+    before `not_before` (None: at once), and only within `late_after` seconds of that moment.
+    Both moments are on the governor's clock, and a fetcher reads them against the quickest
+    a permit of this governor has reached it, so the two hosts' clocks need not agree (see
+    `hutch.services.fetcher.lateness`)."""
 
     id: str
     issued: float
     expires: float
     late_after: float | None = None
+    not_before: float | None = None
 
 
 class Attempt(Model):

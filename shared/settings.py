@@ -93,6 +93,9 @@ class Settings(BaseSettings):
     permit_lateness: float = Field(
         0.05, gt=0, description="seconds later than its quickest a permit may reach a fetcher and still be used"
     )
+    permit_lead: float = Field(
+        0.25, ge=0, description="seconds before its token is due a permit may be issued; the fetcher holds it till then"
+    )
     max_ready: int = Field(200, description="governor stops releasing while fetch.ready holds this many tasks")
     max_hold: float = Field(
         5.0, description="longest a governor waits holding one frontier message before returning it"

@@ -199,11 +199,12 @@ class Fetcher(Service):
         if task.permit is None or task.permit.expires <= time.time():
             await self._back_to_frontier(task, "permit_expired")
             return
-        late = self.lateness.of(task.permit.id, task.permit.issued)
+        late = self.lateness.of(task.permit.id, task.permit.issued, task.permit.not_before)
         if task.permit.late_after is not None and late > task.permit.late_after:
             # Fetched now, it could come too close after the domain's previous fetch.
             await self._back_to_frontier(task, "permit_late")
             return
+        due = time.monotonic() - late  # the permit's moment at the site, on this host's clock
         self.busy += 1
         try:
             try:
@@ -213,6 +214,14 @@ class Fetcher(Service):
                 return
             if not lease.direct and lease.proxy_id is None:
                 await self._no_proxy_now(task, lease)
+                return
+            hold = min(due - time.monotonic(), task.permit.expires - time.time())
+            if hold > 0:  # issued ahead: its moment is still to come
+                await asyncio.sleep(hold)
+            late_after = task.permit.late_after
+            if late_after is not None and time.monotonic() - due > late_after:
+                # The lease or a busy moment here made it late after all: the same rule.
+                await self._back_to_frontier(task, "permit_late")
                 return
             started = time.monotonic()
             try:

@@ -1,4 +1,4 @@
-"""How late a permit reaches the fetcher, measured against the quickest one of its governor.
+"""When to fetch a permit: at its moment at the site, read against the quickest permit of its governor.
 
 The governor paces releases; the site sees fetches. Between the two lies the pipeline: a
 publish, the broker, a delivery, and whatever kept the fetcher busy. When those delays
@@ -13,6 +13,12 @@ clocks may differ by tens of milliseconds. So lateness is measured against the q
 transit seen lately from the same governor: `(now - issued) - min(now_i - issued_i)`. A
 constant offset between the clocks cancels out; what remains is the delay beyond the best
 the pipeline has done, which is what compresses fetches.
+
+A permit issued ahead (`not_before`, see `hutch.services.governor.core`) is due that much
+after its issue: the fetcher holds it until `not_before + min(now_i - issued_i)` on its own
+clock, which is `not_before` plus the quickest transit on the governor's. So fetches follow
+the bucket's spacing however late each permit was released or delivered, and a clock offset
+between the hosts cancels out here too.
 """
 
 from __future__ import annotations
@@ -32,8 +38,9 @@ class Lateness:
         # whose head is the quickest transit of the window.
         self._seen: dict[str, collections.deque[tuple[float, float]]] = {}
 
-    def of(self, permit_id: str, issued: float) -> float:
-        """Seconds this permit is late (0 for the quickest seen lately); records it."""
+    def of(self, permit_id: str, issued: float, not_before: float | None = None) -> float:
+        """Seconds this permit is late for its moment (0 for the quickest seen lately; below 0
+        when it came early and is to be held that long); records it."""
         now = self.clock()
         governor = permit_id.rpartition(".")[0]
         seen = self._seen.pop(governor, None)
@@ -48,4 +55,5 @@ class Lateness:
         seen.append((now, transit))
         while seen[0][0] < now - WINDOW:
             seen.popleft()
-        return transit - seen[0][1]
+        ahead = not_before - issued if not_before is not None else 0.0
+        return transit - seen[0][1] - ahead

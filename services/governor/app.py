@@ -273,6 +273,7 @@ class Governor(Service):
                 min_rate=s.min_rate,
                 max_ready=s.max_ready,
                 permit_lateness=s.permit_lateness,
+                permit_lead=s.permit_lead,
             ),
             key_of=key_function(s.domain_key, s.public_suffix_file),
             robots=robots,
@@ -826,6 +827,11 @@ class Governor(Service):
 
     async def _publish_release(self, task: Task, domain: str, quiet: bool = False) -> None:
         assert task.permit is not None
+        # Issued as it goes out, not when it was decided: a fetcher times a permit by its
+        # transit from here (`hutch.services.fetcher.lateness`), and this loop's own delays
+        # before the publish would otherwise count as transit and vary from permit to permit.
+        permit = task.permit.model_copy(update={"issued": time.time()})
+        task = task.model_copy(update={"permit": permit})
         event = Event(
             kind="released",
             task_id=task.id,

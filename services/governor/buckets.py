@@ -52,6 +52,16 @@ class TokenBucket:
             return True
         return False
 
+    def reserve(self) -> float:
+        """Take the next token, due or not: the seconds until it is due (0 when it is there now).
+
+        The balance may go below zero; each reservation is then `1 / rate` later than the one
+        before, so permits issued ahead keep the bucket's spacing whenever they were issued.
+        """
+        wait = self.wait_time()
+        self.tokens -= 1.0
+        return wait
+
     def debit(self, tokens: float = 1.0) -> None:
         """Spend tokens someone else used (another governor's release); may go negative.
 

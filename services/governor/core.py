@@ -98,6 +98,7 @@ class CoreConfig:
     min_rate: float = 0.05
     max_ready: int = 200
     permit_lateness: float = 0.05
+    permit_lead: float = 0.25  # seconds before its token is due a permit may be issued
 
 
 MIN_LATE_AFTER = 0.01  # seconds: a tighter bound on a permit's lateness is not given
@@ -247,8 +248,10 @@ class Core:
             until = self.leases.next_expiry(key) or now + 1.0
             return Verdict("wait", until, f"{ks.limit.concurrency} fetches in flight", in_flight=True)
         wait = ks.bucket.wait_time()
-        if wait > 0:
-            return Verdict("wait", now + wait, "rate")
+        if wait > self.config.permit_lead:
+            # Issued up to `permit_lead` ahead, with the time its token is due: the pipeline's
+            # delay is then spent before that time rather than after it.
+            return Verdict("wait", now + wait - self.config.permit_lead, "rate")
         if not self.capacity_free(now):
             return Verdict("wait", now + 1.0, "fetchers busy", gate=True)
         return Verdict("release", robots=fetch_robots) if fetch_robots else RELEASE
@@ -273,11 +276,12 @@ class Core:
         return Task(id=robots_task_id(origin), job=ROBOTS_JOB, url=robots_url(origin), domain=domain, purpose="robots")
 
     def commit(self, task: Task, domain: str) -> Task:
-        """Take the token and record the lease of a release; the task with its permit."""
+        """Take the token and record the lease of a release; the task with its permit, which
+        says when its token is due if that is still to come (`check` allows `permit_lead`)."""
         now = self.clock()
         key = self.key_of(domain)
         ks = self.key_state(key)
-        ks.bucket.take()
+        due_in = ks.bucket.reserve()
         ks.released += 1
         self.released_since_look += 1
         permit = Permit(
@@ -285,6 +289,7 @@ class Core:
             issued=now,
             expires=now + self.config.permit_ttl,
             late_after=late_after(ks.aimd.rate, ks.bucket.burst, self.config.permit_lateness),
+            not_before=now + due_in if due_in > 0 else None,
         )
         self.leases.add(permit.id, task.id, key, permit.expires + self.lease_extra, own=True)
         if task.purpose == "robots" and self.robots is not None:

@@ -9,9 +9,11 @@ e2e tests too.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -135,3 +137,28 @@ async def test_a_429_pauses_the_domain_for_every_fetcher_for_its_retry_after(set
         assert during == []
         after = [r for r in records if throttled.ts + 2.9 <= r.ts < throttled.ts + 5.0]
         assert after, "the domain resumed after its pause"
+
+
+async def test_fetchers_whose_clocks_are_50_ms_either_side_of_the_governors_keep_rate_plus_burst_at_the_site(
+    settings: Settings,
+) -> None:
+    # Permits are issued ahead with the moment their token is due (HUTCH_PERMIT_LEAD), on
+    # the governor's clock; each fetcher holds its permits until then, read on its own clock
+    # against the quickest transit it has seen, so the two clocks' offsets cancel out.
+    settings = settings.model_copy(update={"rate": 8.0, "burst": 1})
+    skewed = str(Path(__file__).resolve().parents[1] / "skewed_clock")
+    path = os.pathsep.join(p for p in (skewed, os.environ.get("PYTHONPATH", "")) if p)
+    async with sandbox([{"name": "one", "pages": 96, "latency_ms": [20, 80]}]) as box:
+        site = box.sites["one"]
+        async with (
+            running(settings, box, services=("governor",)),
+            running(settings, box, services=("fetcher",), PYTHONPATH=path, SKEWED_CLOCK_SECONDS="0.05"),
+            running(settings, box, services=("fetcher",), PYTHONPATH=path, SKEWED_CLOCK_SECONDS="-0.05"),
+        ):
+            await publish_tasks(settings, "skew", site.urls(), site.domain)
+            await wait_until(lambda: len(pages(box, "one")) >= 96, 90, "every page fetched")
+        records = box.site_log("one")
+        assert any(r.path == "/robots.txt" for r in records)
+        assert worst_window(records) <= 8 + 1
+        span = max(r.ts for r in records) - min(r.ts for r in records)
+        assert span >= (len(records) - 2) / 8.0

@@ -159,3 +159,12 @@ def test_buckets_refuse_an_invalid_rate_when_a_domain_is_first_seen(clock: FakeC
     buckets = Buckets(rate=0.0, burst=1, clock=clock)
     with pytest.raises(ValueError, match="rate"):
         buckets["a.example"]
+
+
+def test_reservations_are_due_one_rate_interval_apart_however_early_they_are_made(clock: FakeClock) -> None:
+    bucket = TokenBucket(rate=4.0, burst=1, clock=clock)
+    assert [bucket.reserve() for _ in range(3)] == pytest.approx([0.25, 0.5, 0.75])
+    clock.advance(0.6)
+    assert bucket.reserve() == pytest.approx(0.4)  # the fourth: due at 1.0
+    clock.advance(5.0)
+    assert bucket.reserve() == 0.0  # a token was there, and the debt is paid

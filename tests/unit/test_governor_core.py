@@ -71,7 +71,7 @@ def clock() -> FakeClock:
 
 
 def test_a_brand_new_domain_releases_at_its_rate_from_an_empty_bucket(clock: FakeClock) -> None:
-    core = make_core(clock, rate=4.0)
+    core = make_core(clock, rate=2.0)  # a token every 0.5 s; issued up to 0.25 s ahead
     new_domain(core)
     verdict = core.check(task(), D)
     assert (verdict.action, verdict.why) == ("wait", "rate")
@@ -80,8 +80,35 @@ def test_a_brand_new_domain_releases_at_its_rate_from_an_empty_bucket(clock: Fak
     assert core.check(task(), D).action == "release"
     released = core.commit(task(), D)
     assert released.permit is not None
+    assert released.permit.not_before == pytest.approx(clock.now + 0.25)  # the token's moment
     assert released.permit.expires == pytest.approx(clock.now + 30.0)
-    assert core.check(task(1), D).action == "wait"
+    assert core.check(task(1), D).until == pytest.approx(clock.now + 0.5)  # the next at +0.75
+
+
+def test_permits_issued_ahead_keep_the_buckets_spacing_however_late_the_governor_woke(clock: FakeClock) -> None:
+    core = make_core(clock, rate=4.0)
+    new_domain(core)
+    start = clock.now
+    moments = []
+    for n, woke_late in enumerate([0.0, 0.2, 0.01, 0.15, 0.0, 0.24]):
+        verdict = core.check(task(n), D)
+        if verdict.action == "wait":
+            clock.now = verdict.until
+        clock.advance(woke_late)  # the governor's own lateness, below the lead
+        assert core.check(task(n), D).action == "release"
+        permit = core.commit(task(n), D).permit
+        assert permit is not None
+        moments.append(permit.not_before if permit.not_before is not None else permit.issued)
+    assert moments == pytest.approx([start + 0.25 * k for k in range(1, 7)])
+
+
+def test_with_no_lead_a_permit_is_issued_when_its_token_is_due_and_carries_no_moment(clock: FakeClock) -> None:
+    core = make_core(clock, rate=4.0, permit_lead=0.0)
+    new_domain(core)
+    assert core.check(task(), D).until == pytest.approx(clock.now + 0.25)
+    clock.advance(0.25)
+    permit = core.commit(task(), D).permit
+    assert permit is not None and permit.not_before is None
 
 
 def test_permit_ids_are_unique_and_name_the_governor(clock: FakeClock) -> None:
@@ -385,7 +412,8 @@ def test_an_idle_domain_is_forgotten_whole_and_comes_back_from_its_limit(clock: 
     core.forget(D)
     assert D not in core.queues and core.key_of(D) not in core.keys
     assert f"http://{D}" not in cache.origins  # robots.txt is asked again when it comes back
-    assert core.check(task(1), D).why == "rate"  # its bucket starts anew, empty
+    again = core.commit(task(1), D).permit  # its bucket starts anew, empty
+    assert again is not None and again.not_before == pytest.approx(clock.now + 0.25)
     clock.advance(1.0)
     assert core.check(task(1), D).robots == f"http://{D}"
 

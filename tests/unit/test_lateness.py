@@ -73,3 +73,38 @@ def test_fetches_within_the_bound_keep_every_second_within_rate_plus_burst(rate:
     fetches = sorted(t + delays[k % len(delays)] for k, t in enumerate(releases))
     worst = max(sum(1 for t in fetches if start <= t < start + 1.0) for start in fetches)
     assert worst <= int(rate + burst)
+
+
+def test_a_permit_issued_ahead_is_held_until_its_moment_plus_the_quickest_transit() -> None:
+    clock = FakeClock()
+    lateness = Lateness(clock)
+    lateness.of("g1.1", issued=clock.now - 0.004)  # the quickest: 4 ms
+    # Issued 10 ms ago for 200 ms after its issue: due in 194 ms here.
+    assert lateness.of("g1.2", issued=clock.now - 0.010, not_before=clock.now + 0.190) == pytest.approx(-0.194)
+    # One that arrives after its moment is late by the difference.
+    assert lateness.of("g1.3", issued=clock.now - 0.300, not_before=clock.now - 0.030) == pytest.approx(0.026)
+
+
+@pytest.mark.parametrize("rate", [8.0, 9.5, 20.0])
+def test_fetchers_50_ms_either_side_of_the_governors_clock_keep_the_buckets_spacing(rate: float) -> None:
+    # Two fetchers, one clock 50 ms ahead of the governor's, one 50 ms behind, take permits
+    # issued ahead in turn, each delivered a different time after its issue. Each holds its
+    # permit until its moment on its own clock; on the governor's clock (the site's) each
+    # fetch comes at its moment plus that fetcher's quickest transit so far: the skew is gone.
+    governor = FakeClock()
+    fetchers = [(Lateness(FakeClock()), +0.050), (Lateness(FakeClock()), -0.050)]
+    transits = [0.003, 0.040, 0.012, 0.090, 0.005, 0.020]
+    fetches = []
+    for k in range(int(rate * 20)):
+        lateness, skew = fetchers[k % 2]
+        moment = governor.now + (k + 1) / rate
+        issued = moment - 0.2  # released 200 ms ahead
+        arrival = issued + transits[k % len(transits)]
+        lateness.clock.now = arrival + skew  # type: ignore[attr-defined]
+        late = lateness.of(f"g1.{k}", issued=issued, not_before=moment)
+        assert late <= 0.0  # every one came early enough
+        fetches.append(arrival - late)  # held until then, on the governor's clock
+    moments = [governor.now + (k + 1) / rate for k in range(len(fetches))]
+    assert all(m + 0.003 - 1e-9 <= f <= m + 0.040 + 1e-9 for f, m in zip(fetches, moments, strict=True))
+    worst = max(sum(1 for t in fetches if start <= t < start + 1.0) for start in fetches)
+    assert worst <= int(rate + 1)
