@@ -3,11 +3,11 @@
 The file is read twice, line by line, so memory stays flat for a file of any length: the
 first pass refuses the whole file at its first invalid line (or, with `skip_invalid`,
 notes the lines it skips), the second records tasks in batches and publishes each batch
-with confirms in flight together (the first batches small, so fetching starts at once). A task is recorded (state `new`) before it is published
-and marked `queued` once the broker confirmed it, so a submit that dies half-way is
-finished by submitting again: recorded-but-unpublished tasks are published then, tasks
-already queued or done are not touched, and no URL is ever stored twice (its id is derived
-from the job and the URL).
+with confirms in flight together (the first batches small, so fetching starts at once). A
+task is recorded (state `new`) before it is published and marked `queued` once the broker
+confirmed it, so a submit that dies half-way is finished by submitting again:
+recorded-but-unpublished tasks are published then, tasks already queued or done are not
+touched, and no URL is ever stored twice (its id is derived from the job and the URL).
 """
 
 from __future__ import annotations

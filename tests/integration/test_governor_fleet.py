@@ -28,6 +28,7 @@ from hutch.settings import Settings
 from ..conftest import service_env
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
+SKEWED_CLOCK = Path(__file__).resolve().parents[1] / "skewed_clock"  # a sitecustomize that moves time.time
 
 
 @asynccontextmanager
@@ -146,7 +147,7 @@ async def test_fetchers_whose_clocks_are_50_ms_either_side_of_the_governors_keep
     # the governor's clock; each fetcher holds its permits until then, read on its own clock
     # against the quickest transit it has seen, so the two clocks' offsets cancel out.
     settings = settings.model_copy(update={"rate": 8.0, "burst": 1})
-    skewed = str(Path(__file__).resolve().parents[1] / "skewed_clock")
+    skewed = str(SKEWED_CLOCK)
     path = os.pathsep.join(p for p in (skewed, os.environ.get("PYTHONPATH", "")) if p)
     async with sandbox([{"name": "one", "pages": 96, "latency_ms": [20, 80]}]) as box:
         site = box.sites["one"]
