@@ -101,7 +101,8 @@ RESCUED_MEMORY = 100_000  # rescued tasks whose newest incarnation a governor re
 MAX_HELD_PER_JOB = 64  # held tasks of one domain and job, however fast its rate
 PACE_SECONDS = 5  # whole seconds over which a busy domain's peak pace is measured
 PACE_MARGIN = 2.0  # parked tasks come back in time for twice that pace
-PACED_PARK_MAX = 30.0  # seconds: the longest park of a domain its pace, not its rate, holds back
+PACED_PARK_MAX = 30.0  # seconds: the longest park of a domain its pace, not its rate, holds back...
+PARK_BUDGET = 100.0  # ...or all it holds and parked over this: about this many such parks a second at most
 LONG_HOLD = 600.0  # seconds a task may wait held for the fleet's capacity before it is parked
 DISPATCH_SLICE = 2000  # decisions before the dispatcher lets the loop run other work
 JOBS_QUIET = 0.3  # seconds without a record that mean the jobs stream is read to its end
@@ -109,7 +110,13 @@ CATCH_UP_LIMIT = 30.0  # longest wait for the released log before releasing anyw
 
 
 def park_delay(
-    jl: JobLine, now: float, share: float, rate: float, pace: float | None, blocked_until: float
+    jl: JobLine,
+    now: float,
+    share: float,
+    rate: float,
+    pace: float | None,
+    blocked_until: float,
+    longest: float = PACED_PARK_MAX,
 ) -> float:
     """How long a task of `jl` may stay parked: until the job's tasks held and parked before
     it would run out at its share of the domain's pace (a longer wait would leave the domain
@@ -120,12 +127,15 @@ def park_delay(
     the shortest tier, and back, and parked again, many times over. Taken with a margin
     (`PACE_MARGIN` times the measured pace): a domain speeds up when others sharing the
     fetchers finish, and a task parked too long leaves it idle, which costs more than a task
-    parked once more. And never longer than `PACED_PARK_MAX`: the pace is a guess about the
-    fleet (a busy machine made it look four times slower than it became), a rate is a fact.
-    The price is parks: about the backlog over that time, each second."""
+    parked once more. And at most `longest`: the pace is a guess about the fleet (a busy
+    machine made it look four times slower than it became), a rate is a fact. The governor
+    gives `longest` as `PACED_PARK_MAX`, or everything it holds and has parked over
+    `PARK_BUDGET` when that is longer: each such park costs a publish, and with a fixed cap
+    a backlog of B tasks costs B / 30 parks a second (100,000 tasks: 3,300 a second, more
+    than the governor and the broker can do), with this one about `PARK_BUDGET`."""
     if pace is not None and 0 < PACE_MARGIN * pace < rate:
         share *= PACE_MARGIN * pace / rate
-        return max(min(jl.supply(now, share), PACED_PARK_MAX), blocked_until - now)
+        return max(min(jl.supply(now, share), longest), blocked_until - now)
     return max(jl.supply(now, max(share, 1e-6)), blocked_until - now)
 
 
@@ -280,6 +290,7 @@ class Governor(Service):
             capacity=FleetCapacity(stale_after=s.heartbeat_timeout, fallback=s.concurrency),
         )
         self.lines: dict[str, DomainLine] = {}
+        self._backlog_at, self._backlog_count = -math.inf, 0
         self.jobs: dict[str, JobState] = {}
         self._heap: list[tuple[float, int, str]] = []
         self._seq = itertools.count(1)
@@ -295,10 +306,13 @@ class Governor(Service):
         # task id -> newest incarnation, of tasks the storer's reconciler rescued (oldest first).
         self.incarnations: collections.OrderedDict[str, int] = collections.OrderedDict()
         topology = self.broker.topology
-        # Releases alternate between two connections (measured, bench/governor_permits.py:
-        # with publishes pipelined on a channel, 2 and 16 connections give the same rate).
-        self.publishers = [self.broker] + [
-            await Broker(self.settings, self.name).connect(declare=False) for _ in range(PUBLISH_CONNECTIONS - 1)
+        # Releases alternate between two connections of their own (measured,
+        # bench/governor_permits.py: with publishes pipelined on a channel, 2 and 16 connections
+        # give the same rate), not the one parks go out on: the broker confirms a channel's
+        # publishes in order, and a release behind a flood of parks (a long job's first pass
+        # through the frontier) kept its fetch slot waiting a second or more.
+        self.publishers = [
+            await Broker(self.settings, self.name).connect(declare=False) for _ in range(PUBLISH_CONNECTIONS)
         ]
         self._publisher = itertools.cycle(self.publishers)
         self.events_queue = await self._listen_events()
@@ -364,7 +378,7 @@ class Governor(Service):
             loop_task.cancel()
         await asyncio.gather(*self._loops, return_exceptions=True)
         await self._flush_releases()
-        for publisher in self.publishers[1:]:
+        for publisher in self.publishers:
             await publisher.close()
 
     def _spawn(self, coroutine: object) -> None:
@@ -646,7 +660,18 @@ class Governor(Service):
 
     def _park_delay(self, domain: str, line: DomainLine, job: str, now: float) -> float:
         rate = self.core.key_state(self.core.key_of(domain)).aimd.rate
-        return park_delay(line.jobs[job], now, self._share(domain, line, job), rate, line.pace(now), line.blocked_until)
+        share = self._share(domain, line, job)
+        longest = max(PACED_PARK_MAX, self._backlog(now) / PARK_BUDGET)
+        return park_delay(line.jobs[job], now, share, rate, line.pace(now), line.blocked_until, longest)
+
+    def _backlog(self, now: float) -> int:
+        """Every task held here and parked by this governor, counted again at most once a second."""
+        if now - self._backlog_at >= 1.0:
+            self._backlog_at = now
+            self._backlog_count = sum(
+                len(jl.held) + jl.parked(now) for line in self.lines.values() for jl in line.jobs.values()
+            )
+        return self._backlog_count
 
     def _tier_at_most(self, wanted: float) -> float:
         """The longest delay tier not longer than `wanted` (the shortest if none is)."""

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from hutch.services.governor.app import DomainLine, JobLine, park_delay
+import pytest
+
+from hutch.services.governor.app import PACED_PARK_MAX, PARK_BUDGET, DomainLine, JobLine, park_delay
 
 NOW = 1_000.0
 
@@ -91,6 +93,23 @@ def test_a_domain_the_fleet_paces_below_its_rate_parks_at_twice_its_pace_for_30_
     assert park_delay(jl, NOW, share=1000.0, rate=1000.0, pace=5.0, blocked_until=0.0) == 30.0
     # Counted at its rate it would look a few milliseconds long: the shortest tier, again and again.
     assert park_delay(jl, NOW, share=1000.0, rate=1000.0, pace=None, blocked_until=0.0) == 0.05
+
+
+def test_a_longer_limit_lets_a_long_backlog_park_for_its_supply() -> None:
+    # 5,000 parked and 50 held at 5/s (counted at 10/s): 505 s of supply. At most 30 s would
+    # cost 5,050 / 30 = 168 parks a second; the governor gives the limit as its whole backlog
+    # over PARK_BUDGET when that is longer.
+    jl = line(held=50, returns={int(NOW) + 5: 1000, int(NOW) + 30: 4000})
+    assert park_delay(jl, NOW, share=1000.0, rate=1000.0, pace=5.0, blocked_until=0.0) == 30.0
+    longest = max(PACED_PARK_MAX, 5050 / PARK_BUDGET)
+    assert park_delay(jl, NOW, share=1000.0, rate=1000.0, pace=5.0, blocked_until=0.0, longest=longest) == (
+        pytest.approx(min(505.0, longest))
+    )
+    # The supply still binds where it is shorter: 2,150 in all at 50/s (counted at 100/s), 21.5 s.
+    jl = line(held=200, returns={int(NOW) + 1: 950, int(NOW) + 5: 1000})
+    assert park_delay(jl, NOW, share=1000.0, rate=1000.0, pace=50.0, blocked_until=0.0, longest=505.0) == (
+        pytest.approx(21.5)
+    )
 
 
 def test_a_long_wait_of_the_domain_outlasts_any_supply() -> None:
