@@ -33,6 +33,12 @@ SPEC = Spec(
 PAGE = re.compile(r"^/page/(\d+)$")
 
 
+@pytest.fixture
+def settings(settings: Settings, request: pytest.FixtureRequest) -> Settings:
+    """The test's settings; a test may ask for another permit lifetime (indirect `settings`)."""
+    return settings.model_copy(update={"permit_ttl": getattr(request, "param", settings.permit_ttl)})
+
+
 async def submit_job(settings: Settings, job: str, urls: list[str]) -> None:
     await submit_urls(settings, job, urls, SPEC)
 
@@ -101,6 +107,9 @@ async def test_sigkilled_fetcher_mid_job_loses_no_url(
     assert check_every_item_against_the_sandbox(settings, sandbox, "crash") == counts.stored
 
 
+# A restarted governor waits one permit lifetime before it releases anything again: 4 s here,
+# rather than the tests' 10 s; what is tested is that it resumes at all, and every domain.
+@pytest.mark.parametrize("settings", [4.0], ids=["permit-ttl-4s"], indirect=True)
 async def test_governor_restarted_mid_job_resumes_every_domain(
     settings: Settings, sandbox: Sandbox, services: Services
 ) -> None:
