@@ -115,16 +115,12 @@ def namespace(request: pytest.FixtureRequest) -> str:
     return f"t-{name}-{uuid.uuid4().hex[:6]}"
 
 
-@pytest.fixture
-def settings(amqp_url: str, namespace: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Settings]:
-    """Settings for one test: its own namespace and store, short delay tiers and timeouts.
-
-    Without a vhost of the module's own, the test's namespace is deleted after it.
-    """
-    settings = Settings(
+def short_settings(amqp_url: str, namespace: str, data_dir: Path) -> Settings:
+    """Settings for tests: short delay tiers and timeouts, on this namespace and store."""
+    return Settings(
         amqp_url=amqp_url,
         namespace=namespace,
-        data_dir=tmp_path / "data",
+        data_dir=data_dir,
         retry_delays=(0.2, 0.5, 1.0),
         rate=20.0,
         permit_ttl=10.0,
@@ -137,6 +133,15 @@ def settings(amqp_url: str, namespace: str, tmp_path: Path, request: pytest.Fixt
         publish_timeout=5.0,
         default_pause=1.0,  # a 503 without Retry-After pauses its domain this long
     )
+
+
+@pytest.fixture
+def settings(amqp_url: str, namespace: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Settings]:
+    """Settings for one test: its own namespace and store, short delay tiers and timeouts.
+
+    Without a vhost of the module's own, the test's namespace is deleted after it.
+    """
+    settings = short_settings(amqp_url, namespace, tmp_path / "data")
     yield settings
     if not request.config.stash.get(OWN_VHOST, True):
         asyncio.run(delete_namespace(settings))
