@@ -190,6 +190,17 @@ def short_settings(amqp_url: str, namespace: str, data_dir: Path) -> Settings:
     )
 
 
+def module_settings(
+    amqp_url: str, name: str, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[Settings]:
+    """The short settings for a module's fixtures shared by its tests, on a namespace and store
+    of their own (deleted after, without a vhost of the module's own); each test a job of its own."""
+    settings = short_settings(amqp_url, f"t-{name}-{uuid.uuid4().hex[:6]}", tmp_path_factory.mktemp(name) / "data")
+    yield settings
+    if not request.config.stash.get(OWN_VHOST, True):
+        asyncio.run(delete_namespace(settings))
+
+
 @pytest.fixture
 def settings(amqp_url: str, namespace: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Settings]:
     """Settings for one test: its own namespace and store, short delay tiers and timeouts.

@@ -23,15 +23,13 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from hutch.admin import delete_namespace
 from hutch.sandbox import Sandbox, SandboxConfig
-from hutch.services.control.supervisor import Supervisor
 from hutch.services.proxy_manager.pool import proxy_id
 from hutch.settings import Settings
 from hutch.store import Store
 
-from ..conftest import OWN_VHOST, service_env, short_settings
-from .conftest import Services, submit_urls
+from ..conftest import module_settings
+from .conftest import Services, running_services, submit_urls
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(150), pytest.mark.asyncio(loop_scope="module")]
 
@@ -56,11 +54,7 @@ def settings(
     amqp_url: str, route: str, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
 ) -> Iterator[Settings]:
     """The tests' usual settings, on a namespace and store of this route's own."""
-    data_dir = tmp_path_factory.mktemp(f"bodies-{route}") / "data"
-    settings = short_settings(amqp_url, f"t-bodies-{route}-{uuid.uuid4().hex[:6]}", data_dir)
-    yield settings
-    if not request.config.stash.get(OWN_VHOST, True):
-        asyncio.run(delete_namespace(settings))
+    yield from module_settings(amqp_url, f"bodies-{route}", tmp_path_factory, request)
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
@@ -83,18 +77,8 @@ def extra_env(route: str, sandbox: Sandbox, data_dir: Path) -> dict[str, str]:
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def services(settings: Settings, sandbox: Sandbox, route: str) -> AsyncIterator[Services]:
-    env = service_env(
-        settings,
-        HUTCH_ALLOWED_TARGETS=",".join(sandbox.allowed_targets()),
-        **extra_env(route, sandbox, settings.data_dir),
-    )
-    supervisor = Supervisor(env, fetchers=1, grace=settings.shutdown_grace)
-    await supervisor.start()
-    try:
-        await supervisor.wait_ready(timeout=60)
-        yield Services(settings, supervisor)
-    finally:
-        await supervisor.stop()
+    async with running_services(settings, sandbox, extra_env(route, sandbox, settings.data_dir)) as running:
+        yield running
 
 
 async def run_one(settings: Settings, services: Services, name: str, url: str) -> dict[str, Any]:
