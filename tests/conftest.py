@@ -38,13 +38,6 @@ def _reachable(url: str) -> bool:
         return False
 
 
-def _rabbitmqctl(*args: str) -> bool:
-    if shutil.which("rabbitmqctl") is None:
-        return False
-    done = subprocess.run(["rabbitmqctl", *args], capture_output=True, text=True, timeout=60)
-    return done.returncode == 0
-
-
 def _with_vhost(url: str, vhost: str) -> str:
     parts = urlsplit(url)
     return urlunsplit(parts._replace(path="/" + quote(vhost, safe="")))
@@ -88,22 +81,84 @@ def broker_base() -> Iterator[tuple[str, bool]]:
         container.stop()
 
 
+class VhostPool:
+    """Vhosts made and removed by rabbitmqctl in the background, one module ahead.
+
+    Each rabbitmqctl call starts an Erlang VM (about 1.5 s); a module's vhost takes three
+    (add, permissions, delete). The pool makes the next module's vhost while this module
+    runs and removes a finished module's vhost without waiting for it, so a module waits
+    only when its vhost is not ready yet. Every vhost is still used by one module only.
+    """
+
+    def __init__(self, user: str) -> None:
+        self.user = user
+        self.next: tuple[str, subprocess.Popen[bytes]] | None = None
+        self.removing: list[subprocess.Popen[bytes]] = []
+
+    def _make(self) -> tuple[str, subprocess.Popen[bytes]]:
+        vhost = f"hutch-test-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        script = 'rabbitmqctl add_vhost "$1" && rabbitmqctl set_permissions -p "$1" "$2" ".*" ".*" ".*"'
+        making = subprocess.Popen(
+            ["sh", "-c", script, "make-vhost", vhost, self.user],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        return vhost, making
+
+    def take(self) -> str | None:
+        """A vhost of its own for the caller (None if rabbitmqctl failed); the next is begun."""
+        vhost, making = self.next or self._make()
+        self.next = self._make()
+        if making.wait(timeout=120) != 0:
+            self.remove(vhost)
+            return None
+        return vhost
+
+    def remove(self, vhost: str) -> None:
+        self.removing = [p for p in self.removing if p.poll() is None]
+        command = ["rabbitmqctl", "delete_vhost", vhost]
+        self.removing.append(subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+
+    def close(self) -> None:
+        if self.next is not None:
+            vhost, making = self.next
+            making.wait(timeout=120)
+            self.remove(vhost)
+            self.next = None
+        for removing in self.removing:
+            removing.wait(timeout=120)
+
+
+@pytest.fixture(scope="session")
+def vhost_pool(broker_base: tuple[str, bool]) -> Iterator[VhostPool | None]:
+    """The run's vhost maker, when test modules may make vhosts on the broker."""
+    base, can_make_vhosts = broker_base
+    if not can_make_vhosts:
+        yield None
+        return
+    pool = VhostPool(urlsplit(base).username or "guest")
+    try:
+        yield pool
+    finally:
+        pool.close()
+
+
 @pytest.fixture(scope="module")
-def amqp_url(request: pytest.FixtureRequest, broker_base: tuple[str, bool]) -> Iterator[str]:
+def amqp_url(
+    request: pytest.FixtureRequest, broker_base: tuple[str, bool], vhost_pool: VhostPool | None
+) -> Iterator[str]:
     """A vhost for each test module, removed after it.
 
     Per module, not per run: the broker's file handle cache counts handles that idle queues
     keep until their vhost goes, and a whole run's worth on the machine's broker (a limit of
-    about 900) left it refusing every new connection. A vhost costs about 1.3 s of rabbitmqctl.
+    about 900) left it refusing every new connection.
     """
-    base, can_make_vhosts = broker_base
-    vhost = f"hutch-test-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-    user = urlsplit(base).username or "guest"
-    if can_make_vhosts and _rabbitmqctl("add_vhost", vhost):
-        _rabbitmqctl("set_permissions", "-p", vhost, user, ".*", ".*", ".*")
+    base, _ = broker_base
+    vhost = vhost_pool.take() if vhost_pool is not None else None
+    if vhost_pool is not None and vhost is not None:
         request.config.stash[OWN_VHOST] = True
         yield quick_reconnect(_with_vhost(base, vhost))
-        _rabbitmqctl("delete_vhost", vhost)
+        vhost_pool.remove(vhost)
     else:
         request.config.stash[OWN_VHOST] = False
         yield quick_reconnect(base)
@@ -115,16 +170,12 @@ def namespace(request: pytest.FixtureRequest) -> str:
     return f"t-{name}-{uuid.uuid4().hex[:6]}"
 
 
-@pytest.fixture
-def settings(amqp_url: str, namespace: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Settings]:
-    """Settings for one test: its own namespace and store, short delay tiers and timeouts.
-
-    Without a vhost of the module's own, the test's namespace is deleted after it.
-    """
-    settings = Settings(
+def short_settings(amqp_url: str, namespace: str, data_dir: Path) -> Settings:
+    """Settings for tests: short delay tiers and timeouts, on this namespace and store."""
+    return Settings(
         amqp_url=amqp_url,
         namespace=namespace,
-        data_dir=tmp_path / "data",
+        data_dir=data_dir,
         retry_delays=(0.2, 0.5, 1.0),
         rate=20.0,
         permit_ttl=10.0,
@@ -137,6 +188,26 @@ def settings(amqp_url: str, namespace: str, tmp_path: Path, request: pytest.Fixt
         publish_timeout=5.0,
         default_pause=1.0,  # a 503 without Retry-After pauses its domain this long
     )
+
+
+def module_settings(
+    amqp_url: str, name: str, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[Settings]:
+    """The short settings for a module's fixtures shared by its tests, on a namespace and store
+    of their own (deleted after, without a vhost of the module's own); each test a job of its own."""
+    settings = short_settings(amqp_url, f"t-{name}-{uuid.uuid4().hex[:6]}", tmp_path_factory.mktemp(name) / "data")
+    yield settings
+    if not request.config.stash.get(OWN_VHOST, True):
+        asyncio.run(delete_namespace(settings))
+
+
+@pytest.fixture
+def settings(amqp_url: str, namespace: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Settings]:
+    """Settings for one test: its own namespace and store, short delay tiers and timeouts.
+
+    Without a vhost of the module's own, the test's namespace is deleted after it.
+    """
+    settings = short_settings(amqp_url, namespace, tmp_path / "data")
     yield settings
     if not request.config.stash.get(OWN_VHOST, True):
         asyncio.run(delete_namespace(settings))

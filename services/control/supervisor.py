@@ -49,9 +49,13 @@ class Supervisor:
         restart: bool = True,
         out: TextIO | None = sys.stderr,
         grace: float = 10.0,
+        quick_backoff: float = 2.0,
     ) -> None:
         self.env = dict(os.environ if env is None else env)
         self.restart = restart
+        # The wait before restarting a child that died within 5 s of its start; it doubles
+        # with each such death, up to 30 s.
+        self.quick_backoff = quick_backoff
         self.out = out
         self.grace = grace
         self.stopping = False
@@ -123,7 +127,7 @@ class Supervisor:
             # Back off when a child keeps dying at start (e.g. a bad setting), not after a crash
             # of a long-lived child.
             quick = time.monotonic() - child.started_at < 5
-            delay = min(2.0 ** min(child.restarts, 5), 30.0) if quick else 0.5
+            delay = min(self.quick_backoff * 2.0 ** (min(child.restarts, 5) - 1), 30.0) if quick else 0.5
             if self.out is not None:
                 print(f"{child.label} | exited with {code}; restarting in {delay:.1f}s", file=self.out, flush=True)
             await asyncio.sleep(delay)

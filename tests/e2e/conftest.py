@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -74,10 +75,9 @@ def extra_env() -> dict[str, str]:
     return {}
 
 
-@pytest.fixture
-async def services(
-    settings: Settings, sandbox: Sandbox, extra_env: dict[str, str]
-) -> AsyncIterator[Services]:
+@contextlib.asynccontextmanager
+async def running_services(settings: Settings, sandbox: Sandbox, extra_env: dict[str, str]) -> AsyncIterator[Services]:
+    """The five services (one fetcher) on these settings, let through to the sandbox's sites."""
     env = service_env(settings, HUTCH_ALLOWED_TARGETS=",".join(sandbox.allowed_targets()), **extra_env)
     supervisor = Supervisor(env, fetchers=1, grace=settings.shutdown_grace)
     await supervisor.start()
@@ -86,3 +86,11 @@ async def services(
         yield Services(settings, supervisor)
     finally:
         await supervisor.stop()
+
+
+@pytest.fixture
+async def services(
+    settings: Settings, sandbox: Sandbox, extra_env: dict[str, str]
+) -> AsyncIterator[Services]:
+    async with running_services(settings, sandbox, extra_env) as running:
+        yield running

@@ -29,6 +29,9 @@ async def test_a_page_that_kills_its_fetcher_every_time_ends_dead_as_crashed_and
     # Pages that never fail, sent after the kills: a page in flight when its fetcher is killed
     # is counted as crashed too (no process can tell which of its tasks killed it).
     good = [f"{site.base_url}/flaky/{i}?fail=0" for i in range(3)]
+    # Each kill comes within 5 s of the fetcher's start, which the supervisor takes for a child
+    # failing at start and backs off 2, 4, 8 s; what is tested here is the crash count.
+    services.supervisor.quick_backoff = 0.25
     await submit_urls(settings, "crash", [url])
 
     def hits() -> int:

@@ -5,14 +5,18 @@ libxml2 time (`//*[.=//*]` on /hostile/quadratic) or for thousands of times the 
 item (`{css: div, many: true}` on /hostile/deep-nesting). Each such page must end dead at
 stage `parse` with its reason, the job must end with 0 pending, and the parser must go on
 serving the other pages.
+
+The tests only submit jobs of their own and read them: the sandbox and the five services are
+started once for the module.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
+import pytest_asyncio
 
 from hutch.models import FieldRule, Spec
 from hutch.sandbox import Sandbox
@@ -20,14 +24,22 @@ from hutch.sandbox.config import SandboxConfig
 from hutch.settings import Settings
 from hutch.store import Store
 
-from .conftest import Services, submit_urls
+from ..conftest import module_settings
+from .conftest import Services, running_services, submit_urls
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180), pytest.mark.asyncio(loop_scope="module")]
 
 PARSE_TIMEOUT = 2.0
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
+def settings(
+    amqp_url: str, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[Settings]:
+    yield from module_settings(amqp_url, "pages", tmp_path_factory, request)
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def sandbox() -> AsyncIterator[Sandbox]:
     config = SandboxConfig.model_validate(
         {"host": "127.0.0.1", "seed": 3, "sites": [{"name": "plain", "port": 0, "pages": 20}]}
@@ -36,9 +48,11 @@ async def sandbox() -> AsyncIterator[Sandbox]:
         yield box
 
 
-@pytest.fixture
-def extra_env() -> dict[str, str]:
-    return {"HUTCH_PARSE_TIMEOUT": str(PARSE_TIMEOUT), "HUTCH_PARSE_WORKERS": "2"}
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def services(settings: Settings, sandbox: Sandbox) -> AsyncIterator[Services]:
+    extra_env = {"HUTCH_PARSE_TIMEOUT": str(PARSE_TIMEOUT), "HUTCH_PARSE_WORKERS": "2"}
+    async with running_services(settings, sandbox, extra_env) as running:
+        yield running
 
 
 def ended(settings: Settings, job: str) -> tuple[dict[str, str], dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:

@@ -33,6 +33,12 @@ SPEC = Spec(
 PAGE = re.compile(r"^/page/(\d+)$")
 
 
+@pytest.fixture
+def settings(settings: Settings, request: pytest.FixtureRequest) -> Settings:
+    """The test's settings; a test may ask for another permit lifetime (indirect `settings`)."""
+    return settings.model_copy(update={"permit_ttl": getattr(request, "param", settings.permit_ttl)})
+
+
 async def submit_job(settings: Settings, job: str, urls: list[str]) -> None:
     await submit_urls(settings, job, urls, SPEC)
 
@@ -60,7 +66,7 @@ def check_every_item_against_the_sandbox(settings: Settings, sandbox: Sandbox, j
     return len(items)
 
 
-async def test_a_job_over_four_faulty_sites_ends_with_every_url_stored_or_dead_and_items_exact(
+async def test_a_job_over_four_faulty_sites_with_its_fetcher_sigkilled_midway_ends_with_every_url_stored_or_dead(
     settings: Settings, sandbox: Sandbox, services: Services
 ) -> None:
     urls = sandbox.urls()
@@ -68,7 +74,12 @@ async def test_a_job_over_four_faulty_sites_ends_with_every_url_stored_or_dead_a
         sandbox.sites["alpha"].base_url + "/status/404",
         sandbox.sites["beta"].base_url + "/status/410",
     ]
-    await submit_job(settings, "e2e", urls + extra + urls[:10])  # duplicates submitted once
+    await submit_job(settings, "e2e", urls + urls[:10])  # duplicates submitted once
+    await services.wait_for("e2e", lambda c: c.stored >= len(urls) // 4, timeout=120)
+    pid = services.supervisor.signal("fetcher.1")
+    await services.supervisor.wait_restarted("fetcher.1", pid)
+    # Sent after the kill, so that no crash can count against their single attempt.
+    await submit_job(settings, "e2e", extra)
     counts = await services.wait_done("e2e", timeout=180)
     assert counts.total == len(urls) + len(extra)
     assert counts.stored + counts.dead == counts.total
@@ -88,19 +99,9 @@ async def test_a_job_over_four_faulty_sites_ends_with_every_url_stored_or_dead_a
         assert dead[url]["attempts"] == 1
 
 
-async def test_sigkilled_fetcher_mid_job_loses_no_url(
-    settings: Settings, sandbox: Sandbox, services: Services
-) -> None:
-    urls = sandbox.urls()
-    await submit_job(settings, "crash", urls)
-    await services.wait_for("crash", lambda c: c.stored >= len(urls) // 4, timeout=120)
-    pid = services.supervisor.signal("fetcher.1")
-    await services.supervisor.wait_restarted("fetcher.1", pid)
-    counts = await services.wait_done("crash", timeout=180)
-    assert counts.stored + counts.dead == len(urls)
-    assert check_every_item_against_the_sandbox(settings, sandbox, "crash") == counts.stored
-
-
+# A restarted governor waits one permit lifetime before it releases anything again: 4 s here,
+# rather than the tests' 10 s; what is tested is that it resumes at all, and every domain.
+@pytest.mark.parametrize("settings", [4.0], ids=["permit-ttl-4s"], indirect=True)
 async def test_governor_restarted_mid_job_resumes_every_domain(
     settings: Settings, sandbox: Sandbox, services: Services
 ) -> None:

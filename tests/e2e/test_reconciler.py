@@ -138,8 +138,10 @@ async def test_a_task_lost_again_and_again_ends_dead_as_stalled_after_its_rescue
     settings: Settings, sandbox: Sandbox
 ) -> None:
     # No fetcher ever runs here, so the fetch deadlines can be shorter still: a task in flight
-    # is lost after 1 + 1 + 1 + 2 + 1 = 6 s, and each of its three incarnations waits that long.
-    settings = settings.model_copy(update={"permit_ttl": 1.0, "total_timeout": 1.0, "reconcile_margin": 1.0})
+    # is lost after 1 + 0.5 + 0.5 + 2 + 1 = 5 s, and each of its three incarnations waits that long.
+    settings = settings.model_copy(
+        update={"permit_ttl": 1.0, "total_timeout": 0.5, "rpc_timeout": 0.5, "reconcile_margin": 1.0}
+    )
     urls = sandbox.sites["south"].urls()[:3]
     without_fetcher = tuple(s for s in SERVICES if s != "fetcher")
     supervisor = await start(settings, sandbox, without_fetcher, fetchers=0)
@@ -148,7 +150,7 @@ async def test_a_task_lost_again_and_again_ends_dead_as_stalled_after_its_rescue
             await submit_urls(settings, "doomed", urls)
             services = Services(settings, supervisor)
             counts = await services.wait_done("doomed", timeout=120)
-            await asyncio.sleep(2)  # a sweep or two more: nothing is rescued after the end
+            await asyncio.sleep(1)  # two sweeps more (one each 0.5 s): nothing is rescued after the end
             seen = list(hole.seen)
     finally:
         await supervisor.stop()
@@ -160,9 +162,10 @@ async def test_a_task_lost_again_and_again_ends_dead_as_stalled_after_its_rescue
     assert sandbox.site_log("south") == []
     # `hutch status` shows them, as text and as JSON.
     env = service_env(settings)
-    (row,) = json.loads(await hutch(env, "status", "doomed", "--json"))
+    as_json, as_text = await asyncio.gather(hutch(env, "status", "doomed", "--json"), hutch(env, "status", "doomed"))
+    (row,) = json.loads(as_json)
     assert (row["stalled"], row["rescued"], row["dead"], row["pending"]) == (3, 3, 3, 0)
-    table = (await hutch(env, "status", "doomed")).splitlines()
+    table = as_text.splitlines()
     assert table[0].split()[-2:] == ["stalled", "rescued"]
     assert table[1].split() == ["doomed", "finished", "3", "0", "3", "0", "0", "0", "3", "3"]  # 0 cancelled
 

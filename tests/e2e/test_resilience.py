@@ -35,8 +35,9 @@ async def queue_depth(settings: Settings, queue: str) -> int:
 
 @pytest.fixture
 def settings(settings: Settings) -> Settings:
-    # One long tier, so the retries sit in the broker while every service is down.
-    return settings.model_copy(update={"retry_delays": (4.0,)})
+    # One long tier, so the retries sit in the broker while every service is down. A governor
+    # started again waits a permit lifetime before it releases anything: 4 s here, not 10.
+    return settings.model_copy(update={"retry_delays": (4.0,), "permit_ttl": 4.0})
 
 
 async def test_retries_waiting_in_a_delay_tier_survive_every_service_being_killed(
@@ -52,7 +53,11 @@ async def test_retries_waiting_in_a_delay_tier_survive_every_service_being_kille
         await asyncio.sleep(0.1)
     tier = services.supervisor
     await tier.stop()  # SIGTERM, and SIGKILL for anything still alive
-    await asyncio.sleep(5)  # the TTL runs out while nothing runs: the broker moves them home
+    # The TTL runs out while nothing runs: the broker moves them home, out of the tier.
+    deadline = time.monotonic() + 30
+    while await queue_depth(settings, tier_queue) > 0:
+        assert time.monotonic() < deadline, "the retries never left the delay tier"
+        await asyncio.sleep(0.2)
     restarted = type(tier)(tier.env, fetchers=1, grace=settings.shutdown_grace, out=None)
     await restarted.start()
     try:
