@@ -3,11 +3,11 @@
 The file is read twice, line by line, so memory stays flat for a file of any length: the
 first pass refuses the whole file at its first invalid line (or, with `skip_invalid`,
 notes the lines it skips), the second records tasks in batches and publishes each batch
-with confirms in flight together (the first batches small, so fetching starts at once). A
-task is recorded (state `new`) before it is published and marked `queued` once the broker
-confirmed it, so a submit that dies half-way is finished by submitting again:
-recorded-but-unpublished tasks are published then, tasks already queued or done are not
-touched, and no URL is ever stored twice (its id is derived from the job and the URL).
+with confirms in flight together. A task is recorded (state `new`) before it is published
+and marked `queued` once the broker confirmed it, so a submit that dies half-way is
+finished by submitting again: recorded-but-unpublished tasks are published then, tasks
+already queued or done are not touched, and no URL is ever stored twice (its id is derived
+from the job and the URL).
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ from hutch.store import AsyncStore
 from hutch.urls import DEFAULT_MAX_URL_BYTES, InvalidURL, check_url
 
 BATCH = 500
-FIRST_BATCH = 16  # the first batches are small and double up to BATCH, so the first fetch starts at once
 # A job name becomes a file name (`<data dir>/<job>.jsonl`): no separator, no `..`, no control.
 JOB_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,99}")
 
@@ -126,11 +125,8 @@ async def submit(
     await store.run(lambda s: s.add_job(job, spec_data))
     result = Submitted(job, 0, 0, 0)
     batch: dict[str, Task] = {}
-    size = FIRST_BATCH
 
     async def flush() -> None:
-        nonlocal size
-        size = min(size * 2, BATCH)
         rows = [(t.id, t.job, t.url, t.domain) for t in batch.values()]
         messages = {t.id: t.model_dump_json(exclude_none=True) for t in batch.values()}  # for the reconciler
         waiting = await store.run(lambda s: s.add_tasks(rows, messages))
@@ -152,7 +148,7 @@ async def submit(
         tid = task_id(job, url)
         if tid not in batch:
             batch[tid] = Task(id=tid, job=job, url=url, domain=checked.domain, spec=spec, tier_floor=tier_floor)
-        if len(batch) >= size:
+        if len(batch) >= BATCH:
             await flush()
     if batch:
         await flush()
