@@ -214,6 +214,7 @@ async def run_hutch(shape: Shape, box: Sandbox, url: str, node_pid: int | None, 
     (work / "spec.yaml").write_text(SPEC_YAML)
     log = (work / "services.log").open("w")
     supervisor = Supervisor(env, fetchers=shape.fetchers, out=log, grace=5.0)
+    limit = max(JOB_LIMIT, shape.pages / 25)
     await supervisor.start()
     job = "speed"
     try:
@@ -235,7 +236,6 @@ async def run_hutch(shape: Shape, box: Sandbox, url: str, node_pid: int | None, 
         submitting = asyncio.create_task(asyncio.to_thread(run_measured, submit, env))
         submit_cpu: float | None = None
         finished, stored, last = 0, 0, None
-        limit = max(JOB_LIMIT, shape.pages / 25)
         while time.time() - started < limit:
             await asyncio.sleep(0.25)
             if submitting.done() and submit_cpu is None:
@@ -255,8 +255,7 @@ async def run_hutch(shape: Shape, box: Sandbox, url: str, node_pid: int | None, 
         await supervisor.stop()
         log.close()
     if finished < shape.pages:
-        print(f"    unfinished after {max(JOB_LIMIT, shape.pages / 25):.0f}s: {finished}/{shape.pages}; see {work}",
-              flush=True)
+        print(f"    unfinished after {limit:.0f}s: {finished}/{shape.pages}; see {work}", flush=True)
     cpu = {label: after[label] - before[label] for label in pids}
     cpu["submit"] = submit_cpu or 0.0
     worst = box.worst_host_second()

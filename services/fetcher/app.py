@@ -200,11 +200,15 @@ class Fetcher(Service):
             await self._back_to_frontier(task, "permit_expired")
             return
         late = self.lateness.of(task.permit.id, task.permit.issued, task.permit.not_before)
-        if task.permit.late_after is not None and late > task.permit.late_after:
-            # Fetched now, it could come too close after the domain's previous fetch.
+        due = time.monotonic() - late  # the permit's moment at the site, on this host's clock
+        late_after = task.permit.late_after
+
+        def too_late() -> bool:  # fetched now, it could come too close after the domain's previous fetch
+            return late_after is not None and time.monotonic() - due > late_after
+
+        if too_late():
             await self._back_to_frontier(task, "permit_late")
             return
-        due = time.monotonic() - late  # the permit's moment at the site, on this host's clock
         self.busy += 1
         try:
             try:
@@ -218,9 +222,7 @@ class Fetcher(Service):
             hold = min(due - time.monotonic(), task.permit.expires - time.time())
             if hold > 0:  # issued ahead: its moment is still to come
                 await asyncio.sleep(hold)
-            late_after = task.permit.late_after
-            if late_after is not None and time.monotonic() - due > late_after:
-                # The lease or a busy moment here made it late after all: the same rule.
+            if too_late():  # the lease or a busy moment here made it late after all
                 await self._back_to_frontier(task, "permit_late")
                 return
             started = time.monotonic()
