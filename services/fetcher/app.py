@@ -219,7 +219,8 @@ class Fetcher(Service):
             if not lease.direct and lease.proxy_id is None:
                 await self._no_proxy_now(task, lease)
                 return
-            hold = min(due - time.monotonic(), task.permit.expires - time.time())
+            # Bounded by the permit's life and by the longest a permit may live at all.
+            hold = min(due - time.monotonic(), task.permit.expires - time.time(), self.settings.permit_ttl)
             if hold > 0:  # issued ahead: its moment is still to come
                 await asyncio.sleep(hold)
             if too_late():  # the lease or a busy moment here made it late after all
