@@ -42,11 +42,14 @@ e2e: broker
 chaos: $(STAMP)
 	$(PY) -m pytest -q tests/chaos
 
-# mypy cannot follow the editable install's folder mapping (shared/ is the package `hutch`),
-# so it checks the package through a link named after it.
+# mypy cannot follow the editable install's folder mapping (shared/ is the package `hutch`,
+# services/ is `hutch.services`), so it checks the package as installed through links: a
+# folder `hutch` holding a link to everything in shared/, and `services` beside them.
 lint: $(STAMP)
 	$(VENV)/bin/ruff check shared services tests bench
-	rm -rf build/typecheck && mkdir -p build/typecheck && ln -s ../../shared build/typecheck/hutch
+	rm -rf build/typecheck && mkdir -p build/typecheck/hutch
+	for item in shared/*; do ln -s ../../../$$item build/typecheck/hutch/; done
+	ln -s ../../../services build/typecheck/hutch/services
 	cd build/typecheck && ../../$(VENV)/bin/mypy -p hutch --config-file ../../pyproject.toml
 
 # Benchmarks print their figures; docs/benchmarks.md records them with their configs.

@@ -215,14 +215,8 @@ async def one(domains: int, args: argparse.Namespace, work: Path) -> Result:
                 if elapsed >= next_report:
                     next_report += 30
                     print(f"    {domains}: {done:,} of {total:,} done after {elapsed:.0f}s", flush=True)
-            result.drained = rows[-1][1] if rows else 0
-            if result.drained >= total:
-                reached = next(t for t, c in rows if c >= total)
-                result.drain_s = round(reached - began_wall, 1)
-            result.permits_median, result.permits_mean = (round(x) for x in permits_per_second(rows, total))
             assert governor.pid is not None
-            result.governor_cpu_s = round(cpu_seconds(governor.pid), 1)
-            result.governor_peak_mib = round(sampler.peak_governor_kib / 1024, 1)
+            summarise(result, rows, began_wall, governor.pid, sampler)
             memory2, fds2 = node_memory(), fd_count(beam)
             ready.cancel()
         finally:
@@ -234,6 +228,19 @@ async def one(domains: int, args: argparse.Namespace, work: Path) -> Result:
         if result.drain_s is None and not result.note:
             result.note = f"gave up after {args.drain_limit:.0f}s: {result.drained:,} of {total:,} done"
     return result
+
+
+def summarise(
+    result: Result, rows: list[tuple[float, int]], began_wall: float, governor: int, sampler: Sampler
+) -> None:
+    """What the counts and the sampler say of a finished (or abandoned) run."""
+    result.drained = rows[-1][1] if rows else 0
+    if result.drained >= result.tasks:
+        reached = next(t for t, c in rows if c >= result.tasks)
+        result.drain_s = round(reached - began_wall, 1)
+    result.permits_median, result.permits_mean = (round(x) for x in permits_per_second(rows, result.tasks))
+    result.governor_cpu_s = round(cpu_seconds(governor), 1)
+    result.governor_peak_mib = round(sampler.peak_governor_kib / 1024, 1)
 
 
 def table(results: list[Result]) -> str:

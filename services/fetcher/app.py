@@ -390,7 +390,7 @@ class Fetcher(Service):
             tier=lease.tier if lease else None,
             cost=lease.cost if lease else None,
             elapsed=None if elapsed is None else round(elapsed, 4),
-            next=next_step,  # type: ignore[arg-type]
+            next=next_step,
             delay=delay,
             incarnation=task.incarnation,
             task=task.model_copy(update={"permit": None}),  # the store keeps it (reconciler)

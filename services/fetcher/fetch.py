@@ -25,6 +25,7 @@ import asyncio
 import email.utils
 import ssl
 import time
+from collections.abc import Callable
 from urllib.parse import urljoin, urlsplit
 
 import certifi
@@ -213,66 +214,95 @@ async def fetch(
                 await guard.check(wire.raw_host.decode("ascii"), port)
             response = await client.send(request, stream=True)
             try:
-                status = response.status_code
-                if error := proxy_error(status, response.headers.get("proxy-status"), names):
-                    return FetchResult("proxy_failure", elapsed(), status=status, detail=error)
-                outcome = outcome_of_status(status)
-                location = None
-                if outcome == "redirect":
-                    target = response.extensions.get(LOCATION)
-                    if not target:
-                        return FetchResult("client_error", elapsed(), status=status, detail="redirect without Location")
-                    try:
-                        location = urljoin(url, target)
-                    except ValueError:  # unparseable: the fetcher's URL validator says why
-                        location = target
-                    return FetchResult("redirect", elapsed(), status=status, location=location, detail=f"-> {location}")
-                decoder = BodyDecoder(response.headers.get("content-encoding"), max_body_bytes, max_encodings)
-                async for chunk in response.aiter_raw():
-                    decoder.feed(chunk)
-                body = decoder.body()
-                if outcome in ("ok", "blocked") and policy.is_block(domain, status, body):
-                    outcome = "blocked"
-                return FetchResult(
-                    outcome=outcome,
-                    elapsed=elapsed(),
-                    status=status,
-                    final_url=str(response.url),
-                    content_type=response.headers.get("content-type"),
-                    body=body,
-                    retry_after=parse_retry_after(response.headers.get("retry-after"), time.time()),
-                    detail="block page"
-                    if outcome == "blocked" and status < 300
-                    else ("" if status < 300 else f"HTTP {status}"),
-                )
+                return await _answer(response, url, domain, names, policy, max_body_bytes, max_encodings, elapsed)
             finally:
                 await response.aclose()
-    except ForbiddenTarget as exc:
-        return FetchResult("forbidden_target", elapsed(), detail=str(exc))
-    except ResolveError as exc:
-        return FetchResult("reset", elapsed(), detail=str(exc))
-    except BodyTooLarge as exc:
-        return FetchResult("too_large", elapsed(), detail=str(exc))
-    except BadEncoding as exc:
-        return FetchResult("bad_encoding", elapsed(), detail=str(exc))
-    except TimeoutError:
-        return FetchResult("timeout", elapsed(), detail=f"no complete answer within {total_timeout:g}s")
-    except httpx.ProxyError as exc:
-        return FetchResult("proxy_failure", elapsed(), detail=f"proxy: {type(exc).__name__}")
-    except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+    except FAILURES as exc:
+        return _failure(exc, elapsed(), proxied, total_timeout, timeouts.read)
+
+
+async def _answer(
+    response: httpx.Response,
+    url: str,
+    domain: str,
+    names: frozenset[str],
+    policy: Policy,
+    max_body_bytes: int,
+    max_encodings: int,
+    elapsed: Callable[[], float],
+) -> FetchResult:
+    """What an answer from the site (or the proxy) says, its body read within the limits."""
+    status = response.status_code
+    if error := proxy_error(status, response.headers.get("proxy-status"), names):
+        return FetchResult("proxy_failure", elapsed(), status=status, detail=error)
+    outcome = outcome_of_status(status)
+    if outcome == "redirect":
+        target = response.extensions.get(LOCATION)
+        if not target:
+            return FetchResult("client_error", elapsed(), status=status, detail="redirect without Location")
+        try:
+            location = urljoin(url, target)
+        except ValueError:  # unparseable: the fetcher's URL validator says why
+            location = target
+        return FetchResult("redirect", elapsed(), status=status, location=location, detail=f"-> {location}")
+    decoder = BodyDecoder(response.headers.get("content-encoding"), max_body_bytes, max_encodings)
+    async for chunk in response.aiter_raw():
+        decoder.feed(chunk)
+    body = decoder.body()
+    if outcome in ("ok", "blocked") and policy.is_block(domain, status, body):
+        outcome = "blocked"
+    return FetchResult(
+        outcome=outcome,
+        elapsed=elapsed(),
+        status=status,
+        final_url=str(response.url),
+        content_type=response.headers.get("content-type"),
+        body=body,
+        retry_after=parse_retry_after(response.headers.get("retry-after"), time.time()),
+        detail="block page" if outcome == "blocked" and status < 300 else ("" if status < 300 else f"HTTP {status}"),
+    )
+
+
+# What `fetch` turns into an outcome; anything else is a bug and propagates (the fetcher
+# records it as `error`).
+FAILURES = (
+    ForbiddenTarget, ResolveError, BodyTooLarge, BadEncoding, TimeoutError,
+    httpx.TransportError, httpx.DecodingError, httpx.InvalidURL,
+)
+
+
+def _failure(
+    exc: Exception, elapsed: float, proxied: bool, total_timeout: float, read_timeout: float | None
+) -> FetchResult:
+    """The outcome of a fetch that got no usable answer."""
+    if isinstance(exc, ForbiddenTarget):
+        return FetchResult("forbidden_target", elapsed, detail=str(exc))
+    if isinstance(exc, ResolveError):
+        return FetchResult("reset", elapsed, detail=str(exc))
+    if isinstance(exc, BodyTooLarge):
+        return FetchResult("too_large", elapsed, detail=str(exc))
+    if isinstance(exc, BadEncoding):
+        return FetchResult("bad_encoding", elapsed, detail=str(exc))
+    if isinstance(exc, TimeoutError):
+        return FetchResult("timeout", elapsed, detail=f"no complete answer within {total_timeout:g}s")
+    return _transport_failure(exc, elapsed, proxied, read_timeout)
+
+
+def _transport_failure(exc: Exception, elapsed: float, proxied: bool, read_timeout: float | None) -> FetchResult:
+    """httpx's errors, most specific first."""
+    if isinstance(exc, httpx.ProxyError):
+        return FetchResult("proxy_failure", elapsed, detail=f"proxy: {type(exc).__name__}")
+    if isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout)):
         if proxied:  # the connection goes to the proxy: it is the proxy that did not answer
-            return FetchResult("proxy_failure", elapsed(), detail=f"proxy unreachable: {type(exc).__name__}")
+            return FetchResult("proxy_failure", elapsed, detail=f"proxy unreachable: {type(exc).__name__}")
         outcome = "timeout" if isinstance(exc, httpx.ConnectTimeout) else "reset"
-        return FetchResult(outcome, elapsed(), detail=f"{type(exc).__name__}: {exc}".rstrip(": "))
-    except httpx.ReadTimeout:
-        return FetchResult("timeout", elapsed(), detail=f"ReadTimeout: no data for {timeouts.read:g}s")
-    except httpx.TimeoutException as exc:
-        return FetchResult("timeout", elapsed(), detail=type(exc).__name__)
-    except (httpx.UnsupportedProtocol, httpx.InvalidURL) as exc:
-        return FetchResult("invalid_url", elapsed(), detail=str(exc))
-    except httpx.RemoteProtocolError as exc:
-        if _head_too_large(exc):
-            return FetchResult("too_large", elapsed(), detail="response head over 100 KiB")
-        return FetchResult("reset", elapsed(), detail=f"{type(exc).__name__}: {exc}".rstrip(": "))
-    except (httpx.TransportError, httpx.DecodingError) as exc:
-        return FetchResult("reset", elapsed(), detail=f"{type(exc).__name__}: {exc}".rstrip(": "))
+        return FetchResult(outcome, elapsed, detail=f"{type(exc).__name__}: {exc}".rstrip(": "))
+    if isinstance(exc, httpx.ReadTimeout):
+        return FetchResult("timeout", elapsed, detail=f"ReadTimeout: no data for {read_timeout:g}s")
+    if isinstance(exc, httpx.TimeoutException):
+        return FetchResult("timeout", elapsed, detail=type(exc).__name__)
+    if isinstance(exc, (httpx.UnsupportedProtocol, httpx.InvalidURL)):
+        return FetchResult("invalid_url", elapsed, detail=str(exc))
+    if isinstance(exc, httpx.RemoteProtocolError) and _head_too_large(exc):
+        return FetchResult("too_large", elapsed, detail="response head over 100 KiB")
+    return FetchResult("reset", elapsed, detail=f"{type(exc).__name__}: {exc}".rstrip(": "))

@@ -79,21 +79,23 @@ def why_forbidden(address: IPAddress) -> str | None:
                     return f"{kind} address embedding {embedded} ({reason})"
     if address in METADATA:
         return "cloud metadata"
-    if address.is_loopback:
-        return "loopback"
-    if address.is_link_local:
-        return "link-local"
-    if address.is_private:
-        return "private"
-    if address.is_unspecified:
-        return "unspecified"
-    if address.is_multicast:
-        return "multicast"
-    if address.is_reserved:
-        return "reserved"
+    for flag, reason in _FLAGGED:
+        if getattr(address, flag):
+            return reason
     if not address.is_global:
         return "not global"
     return None
+
+
+# The ipaddress flags that forbid an address, in the order their reason is given.
+_FLAGGED = (
+    ("is_loopback", "loopback"),
+    ("is_link_local", "link-local"),
+    ("is_private", "private"),
+    ("is_unspecified", "unspecified"),
+    ("is_multicast", "multicast"),
+    ("is_reserved", "reserved"),
+)
 
 
 def parse_overrides(spec: str | Iterable[str]) -> HostTable[str]:

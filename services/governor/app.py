@@ -55,6 +55,7 @@ import os
 import socket
 import time
 import uuid
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -231,9 +232,13 @@ class DomainLine:
         return float(max(counts)) if counts else None
 
 
+RunState = Literal["running", "paused", "cancelled"]
+STATE_AFTER: dict[str, RunState] = {"pause": "paused", "resume": "running", "cancel": "cancelled"}
+
+
 @dataclass
 class JobState:
-    state: Literal["running", "paused", "cancelled"] = "running"
+    state: RunState = "running"
     state_at: float = 0.0
     weight: float = 1.0
     weight_at: float = 0.0
@@ -296,7 +301,7 @@ class Governor(Service):
         self._seq = itertools.count(1)
         self._kicked = asyncio.Event()
         self._gated = False  # the dispatcher waits for the fleet's capacity
-        self._background: set[asyncio.Task[None]] = set()
+        self._background: set[asyncio.Task[object]] = set()
         self._lag = [0.0, 0]  # outcome events: sum of their delays on arrival, and their count
         self._releases: list[Event] = []  # released events not yet published
         self._parks = 0  # tasks parked, and released, since the start (for the log)
@@ -381,8 +386,8 @@ class Governor(Service):
         for publisher in self.publishers:
             await publisher.close()
 
-    def _spawn(self, coroutine: object) -> None:
-        task = asyncio.get_running_loop().create_task(coroutine)  # type: ignore[arg-type]
+    def _spawn(self, coroutine: Coroutine[Any, Any, object]) -> None:
+        task = asyncio.get_running_loop().create_task(coroutine)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
@@ -564,7 +569,7 @@ class Governor(Service):
         if record.at < job.state_at or job.state == "cancelled":
             return  # an older record, or after a cancel (final)
         before = job.state
-        job.state = {"pause": "paused", "resume": "running", "cancel": "cancelled"}[record.action]  # type: ignore[assignment]
+        job.state = STATE_AFTER[record.action]
         job.state_at = record.at
         if job.state == before:
             return
@@ -712,14 +717,7 @@ class Governor(Service):
         back = message.headers.get(PARKED_HEADER)
         if isinstance(back, int):
             jl.came_back(back)  # counted as still to come no longer
-        state = self._job(task.job).state
-        if state == "cancelled":
-            raise Dead("cancelled", f"job {task.job} was cancelled", task)
-        if state == "paused":
-            await self._to_paused(task)
-            return
-        if line.blocked_until > now or len(jl.held) >= self._hold_limit(domain, line, task.job):
-            await self._park(task, line, jl, self._park_delay(domain, line, task.job, now))
+        if not await self._to_hold(task, line, jl, now):
             return
         self.core.activate(domain)
         held = Held(task, message, now, asyncio.get_running_loop().create_future())
@@ -735,8 +733,26 @@ class Governor(Service):
             if not held.decided.done():  # cancelled (shutdown): no longer held
                 with contextlib.suppress(ValueError):
                     jl.held.remove(held)
+        await self._carry_out(task, line, jl, action, value)
+
+    async def _to_hold(self, task: Task, line: DomainLine, jl: JobLine, now: float) -> bool:
+        """Whether a task that arrived is to be held; otherwise it has gone where its job's
+        state or its domain's backlog sends it."""
+        state = self._job(task.job).state
+        if state == "cancelled":
+            raise Dead("cancelled", f"job {task.job} was cancelled", task)
+        if state == "paused":
+            await self._to_paused(task)
+            return False
+        if line.blocked_until > now or len(jl.held) >= self._hold_limit(task.domain, line, task.job):
+            await self._park(task, line, jl, self._park_delay(task.domain, line, task.job, now))
+            return False
+        return True
+
+    async def _carry_out(self, task: Task, line: DomainLine, jl: JobLine, action: Action, value: Any) -> None:
+        """What the scheduler decided for a held task."""
         if action == "release":
-            await self._publish_release(value, domain)
+            await self._publish_release(value, task.domain)
         elif action == "park":
             await self._park(task, line, jl, value)
         elif action == "paused":
@@ -855,6 +871,7 @@ class Governor(Service):
         # Issued as it goes out, not when it was decided: a fetcher times a permit by its
         # transit from here (`hutch.services.fetcher.lateness`), and this loop's own delays
         # before the publish would otherwise count as transit and vary from permit to permit.
+        assert task.permit is not None  # a released task carries its permit
         permit = task.permit.model_copy(update={"issued": time.time()})
         task = task.model_copy(update={"permit": permit})
         event = Event(
@@ -863,8 +880,8 @@ class Governor(Service):
             job=task.job,
             domain=domain,
             attempt=task.attempts,
-            permit_id=task.permit.id,
-            at=task.permit.issued,
+            permit_id=permit.id,
+            at=permit.issued,
             incarnation=task.incarnation,
         )
         try:

@@ -134,7 +134,7 @@ def _serve(conn: Connection, max_item_bytes: int, memory_bytes: int) -> None:
 # -- the parent's side -------------------------------------------------------------------------
 
 
-def _context() -> multiprocessing.context.BaseContext:
+def _context() -> multiprocessing.context.ForkServerContext:
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(["hutch.services.parser.extract"])
     return context
@@ -143,7 +143,7 @@ def _context() -> multiprocessing.context.BaseContext:
 class _Slot:
     """One worker process and the parent's end of its pipe; replaced in place when it fails."""
 
-    def __init__(self, context: multiprocessing.context.BaseContext, limits: Limits) -> None:
+    def __init__(self, context: multiprocessing.context.ForkServerContext, limits: Limits) -> None:
         self.context = context
         self.limits = limits
         self.process: BaseProcess | None = None
@@ -152,7 +152,7 @@ class _Slot:
 
     def start(self) -> None:
         parent, child = self.context.Pipe(duplex=True)
-        process = self.context.Process(  # type: ignore[attr-defined]
+        process = self.context.Process(
             target=_serve,
             args=(child, self.limits.max_item_bytes, self.limits.memory_bytes),
             name="hutch-parse-worker",

@@ -62,7 +62,7 @@ class _SpecLoader(yaml.SafeLoader):
 
     def compose_node(self, parent: Any, index: Any) -> Any:
         if self.check_event(yaml.AliasEvent):
-            mark = self.peek_event().start_mark  # type: ignore[no-untyped-call]
+            mark = self.peek_event().start_mark  # type: ignore[no-untyped-call]  # untyped in types-PyYAML
             raise yaml.composer.ComposerError(None, None, "aliases (*name) are not allowed in a spec", mark)
         return super().compose_node(parent, index)
 
@@ -95,7 +95,7 @@ def _rule(field: str, value: Any) -> FieldRule:
             Selector(text="<html/>").xpath(expr)
     except Exception as exc:
         raise SpecError(f"field {name}: broken {kind} selector {_quote(expr)}: {_one_line(str(exc), 120)}") from None
-    return FieldRule(kind=kind, expr=expr, many=many)  # type: ignore[arg-type]
+    return FieldRule(kind=kind, expr=expr, many=many)
 
 
 def parse_spec(data: Any, source: str = "spec") -> Spec:

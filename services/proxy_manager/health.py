@@ -177,25 +177,7 @@ class Health:
         if proxy_sample is not None:
             state.health += ALPHA * (proxy_sample - state.health)
         if outcome in NO_ANSWER:
-            if outcome == "proxy_failure":
-                self._count_failure(proxy_id, state, domain)
-            if state.silent == 0:
-                state.silent_since = now
-                state.silent_domains = []
-            state.silent += 1
-            if domain not in state.silent_domains and len(state.silent_domains) < 8:
-                state.silent_domains.append(domain)
-            if state.dead_since is not None:
-                state.next_probe = now + self.config.probe_interval  # its trial lease failed too
-            elif self._failing_everywhere(state) or self._failing_alone(state) or self._silent_alone(state):
-                state.dead_since = now
-                state.next_probe = now + self.config.probe_interval
-                changes.append(Change("dead", proxy_id))
-            elif outcome == "proxy_failure" and self.pair(proxy_id, domain).failures >= self.config.dead_after:
-                # Failing on this domain only, so far: out of its pool, not everyone's.
-                seconds = self._ban(proxy_id, domain, now)
-                if seconds is not None:
-                    changes.append(Change("banned", proxy_id, domain, seconds))
+            changes.extend(self._no_answer(proxy_id, state, domain, outcome, now))
         elif proxy_sample == 1.0:
             state.failures = 0
             state.failure_domains = []
@@ -213,6 +195,29 @@ class Health:
             if seconds is not None:
                 changes.append(Change("banned", proxy_id, domain, seconds))
         return changes
+
+    def _no_answer(self, proxy_id: str, state: ProxyState, domain: str, outcome: str, now: float) -> list[Change]:
+        """A proxy that gave no answer: counted silent, then dead everywhere or banned here."""
+        if outcome == "proxy_failure":
+            self._count_failure(proxy_id, state, domain)
+        if state.silent == 0:
+            state.silent_since = now
+            state.silent_domains = []
+        state.silent += 1
+        if domain not in state.silent_domains and len(state.silent_domains) < 8:
+            state.silent_domains.append(domain)
+        if state.dead_since is not None:
+            state.next_probe = now + self.config.probe_interval  # its trial lease failed too
+        elif self._failing_everywhere(state) or self._failing_alone(state) or self._silent_alone(state):
+            state.dead_since = now
+            state.next_probe = now + self.config.probe_interval
+            return [Change("dead", proxy_id)]
+        elif outcome == "proxy_failure" and self.pair(proxy_id, domain).failures >= self.config.dead_after:
+            # Failing on this domain only, so far: out of its pool, not everyone's.
+            seconds = self._ban(proxy_id, domain, now)
+            if seconds is not None:
+                return [Change("banned", proxy_id, domain, seconds)]
+        return []
 
     def _count_failure(self, proxy_id: str, state: ProxyState, domain: str) -> None:
         """A proxy failure counts in the proxy's streak (with its domain) and in the pair's."""

@@ -113,20 +113,26 @@ class Selector:
             log.warning("no proxy in the pool has tier %s or costlier, which %s needs", TIERS[floor], domain)
         waits: list[float] = []
         for skip_excluded in (True, False):
-            for level in levels:
-                pick = self._pick(level, domain, exclude if skip_excluded else set(), now)
-                if pick.proxy is not None:
-                    return self._lease(pick.proxy, domain, now)
-                if pick.wait is not None:
-                    waits.append(pick.wait)
-                    break
-            if waits:
+            pick = self._first_pick(levels, domain, exclude if skip_excluded else set(), now)
+            if pick.proxy is not None:
+                return self._lease(pick.proxy, domain, now)
+            if pick.wait is not None:
+                waits.append(pick.wait)
                 break
         if not waits:
             # Every proxy that may serve this domain is dead: ask again when the first is probed.
             dead = [self.health.proxy(p.id).next_probe for lv in levels for p in self.by_level.get(lv, [])]
             waits.append(min(dead, default=now + MAX_RETRY))
         return Lease(retry_in=min(max(min(waits) - now, MIN_RETRY), MAX_RETRY))
+
+    def _first_pick(self, levels: list[int], domain: str, exclude: set[str], now: float) -> _Pick:
+        """The cheapest level's pick: a proxy, or the wait before one is free; levels where
+        nothing will ever be free are passed over."""
+        for level in levels:
+            pick = self._pick(level, domain, exclude, now)
+            if pick.proxy is not None or pick.wait is not None:
+                return pick
+        return _Pick()
 
     def _banned_out(self, level: int, domain: str, now: float) -> bool:
         live = [p for p in self.by_level.get(level, []) if self.health.usable(p.id, now)]

@@ -94,7 +94,9 @@ def make_proxy(url: object, tier: object, cost: object, where: str) -> Proxy:
         price = DEFAULT_COST[tier]
     else:
         try:
-            price = float(cost)  # type: ignore[arg-type]
+            if not isinstance(cost, (int, float, str)):
+                raise TypeError(type(cost).__name__)
+            price = float(cost)
         except (TypeError, ValueError):
             raise PoolError(f"{where}: the cost must be a number") from None
         if not math.isfinite(price) or price < 0:
@@ -140,7 +142,9 @@ def parse_tier_floors(entries: object, source: str) -> dict[str, str]:
                 raise PoolError(f"{source}: domain {str(domain)[:80]!r} needs tier_floor: one of {', '.join(TIERS)}")
             floors[str(domain).lower()] = str(tier)
         return floors
-    for entry in entries or ():  # type: ignore[attr-defined]
+    if entries is not None and not isinstance(entries, (list, tuple)):
+        raise PoolError(f"{source}: expected domain=tier entries or a mapping of domains")
+    for entry in entries or ():
         domain, _, tier = str(entry).partition("=")
         if not domain.strip() or tier.strip() not in TIERS:
             raise PoolError(f"{source}: expected domain=tier with tier one of {', '.join(TIERS)}")

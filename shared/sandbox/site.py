@@ -311,56 +311,56 @@ class SiteServer(Listener):
 
     def _special(self, request: Request) -> Outcome | None:
         """The fixed answer for a trouble path, or None for a normal (or unknown) path."""
-        path = request.path
-        query = request.query
-        head, _, rest = path[1:].partition("/")
+        head, _, rest = request.path[1:].partition("/")
         try:
-            if path == "/hang":
-                return "hang"
-            if path == "/reset":
-                return "reset"
-            if path == "/trickle":
-                return Reply(200, stream=lambda: _trickle(None))
-            if path == "/big":
-                size = int(query.get("bytes", str(1 << 20)))
-                if not 0 <= size <= MAX_BIG:
-                    return _text(400, f"bytes must be between 0 and {MAX_BIG}")
-                return Reply(
-                    200,
-                    content_type="application/octet-stream",
-                    stream=lambda: _filler(size),
-                    length=size,
-                )
-            if path == "/redirect":
-                return self._redirect(query)
-            if path == "/challenge":
-                return _html(200, challenge_page())
-            if path == "/block":
-                return _html(403, block_page())
-            if path == "/robots.txt":
-                return _text(200, (self.config.robots_txt or ROBOTS_ALLOW_ALL).rstrip("\n"))
-            if head == "status" and rest.isdigit():
-                code = int(rest)
-                if not 200 <= code <= 599:
-                    return _text(400, "status must be between 200 and 599")
-                return _text(code, f"status {code}")
-            if head == "loop" and rest.isdigit():
-                return _text(302, "loop", [("Location", f"/loop/{int(rest) + 1}")])
-            if head == "retry-after" and rest:
-                value = unquote(rest)
-                if not value.isprintable() or not value.isascii():
-                    return _text(400, "bad Retry-After value")
-                return _text(429, "retry later", [("Retry-After", value)])
-            if head == "flaky" and rest and "/" not in rest:
-                return self._flaky_reply(unquote(rest), query)
-            if head == "charset" and rest:
-                return self._charset(unquote(rest), query.get("declare", "header"))
-            if head == "hostile" and rest:
-                from hutch.sandbox import hostile  # the hostile routes use this module's types
-
-                return hostile.answer(rest, query)
+            fixed = self._fixed(request.path, request.query)
+            return fixed if fixed is not None else self._under(head, rest, request.query)
         except ValueError as exc:
             return _text(400, f"bad parameter: {exc}")
+
+    def _fixed(self, path: str, query: dict[str, str]) -> Outcome | None:
+        """The answers of the paths that take no segment after their name."""
+        if path in ("/hang", "/reset"):
+            return "hang" if path == "/hang" else "reset"
+        if path == "/trickle":
+            return Reply(200, stream=lambda: _trickle(None))
+        if path == "/big":
+            size = int(query.get("bytes", str(1 << 20)))
+            if not 0 <= size <= MAX_BIG:
+                return _text(400, f"bytes must be between 0 and {MAX_BIG}")
+            return Reply(200, content_type="application/octet-stream", stream=lambda: _filler(size), length=size)
+        if path == "/redirect":
+            return self._redirect(query)
+        if path == "/challenge":
+            return _html(200, challenge_page())
+        if path == "/block":
+            return _html(403, block_page())
+        if path == "/robots.txt":
+            return _text(200, (self.config.robots_txt or ROBOTS_ALLOW_ALL).rstrip("\n"))
+        return None
+
+    def _under(self, head: str, rest: str, query: dict[str, str]) -> Outcome | None:
+        """The answers of the paths `/<head>/<rest>`."""
+        if head == "status" and rest.isdigit():
+            code = int(rest)
+            if not 200 <= code <= 599:
+                return _text(400, "status must be between 200 and 599")
+            return _text(code, f"status {code}")
+        if head == "loop" and rest.isdigit():
+            return _text(302, "loop", [("Location", f"/loop/{int(rest) + 1}")])
+        if head == "retry-after" and rest:
+            value = unquote(rest)
+            if not value.isprintable() or not value.isascii():
+                return _text(400, "bad Retry-After value")
+            return _text(429, "retry later", [("Retry-After", value)])
+        if head == "flaky" and rest and "/" not in rest:
+            return self._flaky_reply(unquote(rest), query)
+        if head == "charset" and rest:
+            return self._charset(unquote(rest), query.get("declare", "header"))
+        if head == "hostile" and rest:
+            from hutch.sandbox import hostile  # the hostile routes use this module's types
+
+            return hostile.answer(rest, query)
         return None
 
     def _redirect(self, query: dict[str, str]) -> Reply:
