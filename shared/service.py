@@ -83,7 +83,11 @@ class Service:
                 loop.add_signal_handler(sig, self.stopping.set)
         await self.connect()
         await self.start()
-        log.info("%s ready (broker %s, namespace %s)", self.name, self.settings.safe_amqp_url, self.settings.namespace)
+        log.info(
+            "%s ready (broker %s, namespace %s, event loop %s)",
+            self.name, self.settings.safe_amqp_url, self.settings.namespace,
+            type(loop).__module__.split(".")[0],  # uvloop or asyncio
+        )
         await self.stopping.wait()
         await self.shutdown()
 
@@ -100,9 +104,11 @@ class Service:
         log.info("%s stopped", self.name)
 
 
-def main(service_class: type[Service]) -> None:
-    """Entry point of `python -m hutch.services.<name>`."""
-    settings = Settings()
+def main(service_class: type[Service], settings: Settings | None = None) -> None:
+    """The one way a service runs: `python -m hutch.services.<name>` (what `hutch up` starts)
+    and `hutch serve NAME` (what the image, compose and Kubernetes run) both come here, so a
+    service gets the same logging, event loop and exit wherever it is deployed."""
+    settings = settings or Settings()
     telemetry.setup_logging(service_class.name, settings.log_level)
     try:
         service = service_class(settings)

@@ -437,10 +437,9 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    settings = _settings()
-    cls = service_class(args.name)
-    telemetry.setup_logging(cls.name, settings.log_level)
-    asyncio.run(cls(settings).run())
+    from hutch.service import main
+
+    main(service_class(args.name), _settings())
     return 0
 
 

@@ -684,17 +684,24 @@ async def test_up_starts_every_service_and_sigint_stops_them_all(settings: Setti
     assert processes_of(settings.namespace) == []
 
 
-async def test_serve_runs_one_service_and_stops_cleanly_on_sigterm(settings: Settings, env: dict[str, str]) -> None:
-    process = await start(env, "serve", "fetcher")
+@pytest.mark.parametrize(("service", "loop"), [("fetcher", "asyncio"), ("governor", "uvloop")])
+async def test_serve_runs_one_service_as_its_module_does_and_stops_cleanly_on_sigterm(
+    settings: Settings, env: dict[str, str], service: str, loop: str
+) -> None:
+    # `hutch serve` (what the image, compose and Kubernetes run) goes through the same entry
+    # point as `python -m hutch.services.<name>`: the governor gets its uvloop there too.
+    process = await start(env, "serve", service)
     try:
         assert process.stderr is not None
-        await read_until(process.stderr, lambda lines: any("fetcher ready (broker " in x for x in lines), 30)
+        lines = await read_until(process.stderr, lambda lines: any(f"{service} ready (broker " in x for x in lines), 30)
+        ready = next(line for line in lines if f"{service} ready (broker " in line)
+        assert f"event loop {loop})" in ready
         process.send_signal(signal.SIGTERM)
         _, err = await asyncio.wait_for(process.communicate(), settings.shutdown_grace + 10)
     finally:
         await stop(process, signal.SIGKILL, grace=5)
     assert process.returncode == 0
-    assert "fetcher stopped" in err.decode() and "Traceback" not in err.decode()
+    assert f"{service} stopped" in err.decode() and "Traceback" not in err.decode()
 
 
 async def test_sandbox_writes_its_url_and_proxy_files_and_serves_until_sigterm(
