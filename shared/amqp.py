@@ -151,7 +151,13 @@ def topology_for(settings: Settings) -> Topology:
 
 
 async def declare_queue(channel: AbstractChannel, spec: QueueSpec) -> AbstractQueue:
-    queue = await channel.declare_queue(spec.name, durable=True, arguments=spec.arguments)
+    queue = await channel.declare_queue(
+        spec.name,
+        durable=not spec.exclusive,
+        exclusive=spec.exclusive,
+        auto_delete=spec.exclusive,
+        arguments=spec.arguments,
+    )
     for exchange, key in spec.bindings:
         await queue.bind(exchange, key)
     return queue

@@ -6,7 +6,7 @@ default, so `http://127.0.0.1:8001/` and `http://127.0.0.1:8002/` are two domain
 sandbox site on its own loopback port is its own site), while `https://Example.com:443/a`
 and `https://example.com/b` are one.
 
-A domain also names AMQP objects: its frontier routing key, its queue and its event keys.
+A domain also names AMQP objects (`hutch.topology` builds them): its routing keys and queues.
 AMQP caps each of those at 255 bytes (a short string), and a valid host with a port is up
 to 259; the client library (pamqp) also refuses a queue name with characters outside
 `A-Za-z0-9-_.:@#,/+ `, such as an IPv6 literal's brackets. So a name that is too long or
@@ -23,7 +23,7 @@ import re
 
 from hutch.urls import InvalidURL, check_url
 
-__all__ = ["MAX_NAME_BYTES", "InvalidURL", "amqp_name", "domain_of", "event_key", "routing_key"]
+__all__ = ["MAX_NAME_BYTES", "InvalidURL", "amqp_name", "domain_of"]
 
 MAX_NAME_BYTES = 255  # AMQP short string: queue names, exchange names, routing keys
 HASH_CHARS = 24  # hex digits of SHA-256 kept: 96 bits, no collision among any real set of domains
@@ -43,24 +43,3 @@ def amqp_name(name: str) -> str:
     digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:HASH_CHARS]
     head = _OTHER.sub("_", name)[: MAX_NAME_BYTES - HASH_CHARS - 1]
     return f"{head}_{digest}"
-
-
-def routing_key(domain: str) -> str:
-    """The frontier routing key of a domain (`d.<domain>`, hashed when too long)."""
-    return amqp_name(f"d.{domain}")
-
-
-def event_key(kind: str, domain: str) -> str:
-    """The events-exchange key of a domain's event (`outcome.<domain>`, `robots.<domain>`)."""
-    return amqp_name(f"{kind}.{domain}")
-
-
-PROXIED_OUTCOMES = "outcome.proxied.#"  # the binding of the outcomes the proxy-manager hears
-
-
-def outcome_key(domain: str, proxied: bool) -> str:
-    """The key of an attempt's outcome event: `outcome.proxied.<domain>` when it went
-    through a proxy, `outcome.<domain>` otherwise. Every outcome matches `outcome.#` (the
-    governors, the storer); only proxied ones reach the proxy-manager, which learns nothing
-    from the rest, so a fleet without a pool sends it nothing per page."""
-    return event_key("outcome.proxied" if proxied else "outcome", domain)

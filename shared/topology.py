@@ -2,10 +2,10 @@
 
 RabbitMQ refuses to redeclare a queue with other arguments (PRECONDITION_FAILED) and
 silently ignores a misspelt `x-dead-letter-exchange`, so the topology is data here and
-every service declares it, idempotently, through `declare` at start. Names carry the
-namespace (tests isolate on it) and a version (`v3`), so a change of arguments is a new
-name rather than a clash with queues already on a broker; `hutch.migrate` moves what waits
-in the previous version's queues into the new ones.
+every service declares it, idempotently, at start (`Broker.declare_topology` in the AMQP
+layer). Names carry the namespace (tests isolate on it) and a version (`v3`), so a change of
+arguments is a new name rather than a clash with queues already on a broker; `hutch.migrate`
+moves what waits in the previous version's queues into the new ones.
 
 Versions: `v2` had delivery limits on the quorum work queues only and an unbounded `dlq`;
 `v3` gives every quorum queue a consumer can return a message to an explicit
@@ -31,7 +31,10 @@ Shape (see the design card):
   and attempt history from them; the proxy-manager learns proxy health from outcomes),
   `robots.<domain>` and `fetcher.heartbeat` (for the governors, which each bind their own
   exclusive queue: their state is in memory and rebuilt on start).
-- `rpc.proxy`: the proxy-manager's lease requests; answers go by direct reply-to.
+- `rpc.proxy`: the proxy-manager's lease requests; each caller names its own exclusive reply
+  queue (`rpc.reply.<service>.<id>`) and matches answers by correlation id.
+- Routing keys: every one is named below (`FETCH_KEY`, `RELEASED`, `outcome_key`...), and
+  each governor's own event queue is `governor_events`.
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from hutch.domains import PROXIED_OUTCOMES, amqp_name, routing_key
+from hutch.domains import amqp_name
 
 VERSION = "v3"
 PREVIOUS_VERSIONS = ("v2",)  # whose queues `hutch.migrate` empties into this version's
@@ -53,6 +56,49 @@ WORK_DELIVERY_LIMIT = 1000
 # A domain queue's held task comes back each time a governor stops or dies holding it.
 FRONTIER_DELIVERY_LIMIT = 10_000
 ExchangeType = Literal["direct", "fanout", "topic"]
+
+
+# -- routing keys ------------------------------------------------------------------
+# Every key a service publishes with or binds to is named here.
+
+FETCH_KEY = "fetch.ready"  # work: a released task, for the fetchers
+PARSE_KEY = "parse"  # work: a fetched page, for the parsers
+STORE_KEY = "store"  # work: an item, for the storer
+RELEASED = "released"  # events: a governor's batch of `released` events
+HEARTBEAT = "fetcher.heartbeat"  # events: a fetcher's slots and how many are busy
+STATUS = "governor.status"  # events: a status request; every governor answers its reply-to
+PROXIED_OUTCOMES = "outcome.proxied.#"  # the binding of the outcomes the proxy-manager hears
+# What each governor's own event queue is bound to: outcomes, robots.txt, heartbeats, rescues, status.
+GOVERNOR_EVENTS = ("outcome.#", "robots.#", HEARTBEAT, "rescued.#", STATUS)
+GOVERNOR_EVENTS_MAX = 200_000  # a governor that cannot keep up loses the oldest events, not the broker's memory
+
+
+def routing_key(domain: str) -> str:
+    """The frontier routing key of a domain before the shards (`d.<domain>`, hashed when too long)."""
+    return amqp_name(f"d.{domain}")
+
+
+def event_key(kind: str, domain: str) -> str:
+    """The events-exchange key of a domain's event (`outcome.<domain>`, `robots.<domain>`)."""
+    return amqp_name(f"{kind}.{domain}")
+
+
+def outcome_key(domain: str, proxied: bool) -> str:
+    """The key of an attempt's outcome event: `outcome.proxied.<domain>` when it went
+    through a proxy, `outcome.<domain>` otherwise. Every outcome matches `outcome.#` (the
+    governors, the storer); only proxied ones reach the proxy-manager, which learns nothing
+    from the rest, so a fleet without a pool sends it nothing per page."""
+    return event_key("outcome.proxied" if proxied else "outcome", domain)
+
+
+def robots_key(domain: str) -> str:
+    """The key of a domain's robots.txt result, for the governors."""
+    return event_key("robots", domain)
+
+
+def rescued_key(domain: str) -> str:
+    """The key of the storer's word that a task was rescued (a new incarnation is out)."""
+    return event_key("rescued", domain)
 
 
 @dataclass(frozen=True)
@@ -67,6 +113,7 @@ class QueueSpec:
     name: str
     arguments: dict[str, Any] = field(default_factory=dict)
     bindings: tuple[tuple[str, str], ...] = ()  # (exchange, routing key)
+    exclusive: bool = False  # one connection's own queue, deleted with it (not durable)
 
 
 def tier_label(delay: float) -> str:
@@ -249,9 +296,9 @@ class Topology:
             tiers.append(QueueSpec(name, args, ((name, ""),)))
         return (
             QueueSpec(self.unrouted, work, ((self.unrouted, ""),)),
-            QueueSpec(self.fetch_ready, work, ((self.work, "fetch.ready"),)),
-            QueueSpec(self.parse, work, ((self.work, "parse"),)),
-            QueueSpec(self.store, work, ((self.work, "store"),)),
+            QueueSpec(self.fetch_ready, work, ((self.work, FETCH_KEY),)),
+            QueueSpec(self.parse, work, ((self.work, PARSE_KEY),)),
+            QueueSpec(self.store, work, ((self.work, STORE_KEY),)),
             # Kept for a look with the broker's tools, bounded: the ledger is the record.
             QueueSpec(
                 self.dlq,
@@ -259,7 +306,7 @@ class Topology:
                 ((self.dead, ""),),
             ),
             QueueSpec(self.ledger, ledger, ((self.dead, ""),)),
-            QueueSpec(self.events_storer, work, ((self.events, "released.#"), (self.events, "outcome.#"))),
+            QueueSpec(self.events_storer, work, ((self.events, f"{RELEASED}.#"), (self.events, "outcome.#"))),
             # Durable, so proxy health hears of outcomes across a manager restart; capped
             # (oldest dropped), since stale health reports are worth little. No dead-letter
             # target: each overflow would become a dead letter.
@@ -291,10 +338,20 @@ class Topology:
                     "x-stream-max-segment-size-bytes": 8 * 1024 * 1024,
                     "x-max-age": "1h",
                 },
-                ((self.events, "released"),),
+                ((self.events, RELEASED),),
             ),
             *self.shard_queues,
             *tiers,
+        )
+
+    def governor_events(self, governor_id: str) -> QueueSpec:
+        """A governor's own event queue: its state is in memory and rebuilt at start, so the
+        queue is exclusive to its connection and goes with it."""
+        return QueueSpec(
+            f"{self.prefix}governor.{governor_id}",
+            {"x-max-length": GOVERNOR_EVENTS_MAX},
+            tuple((self.events, key) for key in GOVERNOR_EVENTS),
+            exclusive=True,
         )
 
     def queue(self, name: str) -> QueueSpec:

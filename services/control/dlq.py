@@ -22,6 +22,7 @@ from hutch.models import DeadLetter
 from hutch.services.control.terminal import json_text, shown
 from hutch.settings import Settings
 from hutch.store import Store
+from hutch.topology import PARSE_KEY
 
 BATCH = 200
 
@@ -93,7 +94,7 @@ async def replay(settings: Settings, filters: dict[str, Any], reset_attempts: bo
                 letter = DeadLetter.model_validate_json(full["letter"])
                 topology = broker.topology
                 if letter.page is not None:
-                    sends.append(broker.publish(topology.work, "parse", letter.page))
+                    sends.append(broker.publish(topology.work, PARSE_KEY, letter.page))
                 elif letter.task is not None:
                     task = letter.task.model_copy(update={"permit": None})
                     if reset_attempts:

@@ -28,7 +28,6 @@ import httpx
 from aio_pika.exceptions import AMQPError
 
 from hutch.amqp import Delivery, PublishFailed, RpcClient
-from hutch.domains import event_key, outcome_key
 from hutch.models import Attempt, Event, FetcherHeartbeat, Lease, LeaseRequest, Page, RobotsFetched, Task
 from hutch.service import Service
 from hutch.services.fetcher.charsets import decode_body
@@ -37,10 +36,11 @@ from hutch.services.fetcher.guard import TargetGuard, parse_overrides
 from hutch.services.fetcher.lateness import Lateness
 from hutch.services.fetcher.policy import Decision, FetchResult, decide, load_policy
 from hutch.services.fetcher.timeouts import TimeoutEstimator, Timeouts
+from hutch.topology import HEARTBEAT, PARSE_KEY, outcome_key, robots_key
 from hutch.urls import InvalidURL, check_url
 
 log = logging.getLogger(__name__)
-HEARTBEAT = 1.0  # seconds
+HEARTBEAT_EVERY = 1.0  # seconds
 
 
 class LeaseUnavailable(Exception):
@@ -102,11 +102,11 @@ class Fetcher(Service):
             beat = FetcherHeartbeat(fetcher=self.instance, concurrency=self.settings.concurrency, busy=self.busy)
             try:
                 await self.broker.publish(
-                    self.broker.topology.events, "fetcher.heartbeat", beat, mandatory=False, persistent=False
+                    self.broker.topology.events, HEARTBEAT, beat, mandatory=False, persistent=False
                 )
             except Exception as exc:  # reconnecting; the next beat will do
                 log.debug("heartbeat not sent: %s", exc)
-            await asyncio.sleep(HEARTBEAT)
+            await asyncio.sleep(HEARTBEAT_EVERY)
 
     def _client(self, proxy_url: str | None) -> httpx.AsyncClient:
         client = self.clients.get(proxy_url)
@@ -293,7 +293,7 @@ class Fetcher(Service):
             text=text[: 512 * 1024],
             outcome=result.outcome,
         )
-        await self.broker.publish(self.broker.topology.events, event_key("robots", task.domain), robots)
+        await self.broker.publish(self.broker.topology.events, robots_key(task.domain), robots)
         await self._event(task, result.outcome, "dead", status=result.status, lease=lease, elapsed=result.elapsed)
 
     async def _route(self, task: Task, lease: Lease, result: FetchResult, decision: Decision) -> None:
@@ -344,7 +344,7 @@ class Fetcher(Service):
                 text=text,
                 fetched_at=record.at,
             )
-            await self.broker.publish(topology.work, "parse", page)
+            await self.broker.publish(topology.work, PARSE_KEY, page)
         elif action == "retry":
             assert decision.delay is not None
             await self.broker.publish(topology.tier_exchange(decision.delay), topology.shard_key(task.domain), task)

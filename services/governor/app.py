@@ -62,7 +62,7 @@ from typing import Any, Literal
 import aiormq
 from aio_pika.abc import AbstractChannel, AbstractQueue
 
-from hutch.amqp import Broker, Dead, Delivery, PublishFailed, Requeue, copy_properties, queue_depth
+from hutch.amqp import Broker, Dead, Delivery, PublishFailed, Requeue, copy_properties, declare_queue, queue_depth
 from hutch.migrate import migrate
 from hutch.models import (
     DecodeError,
@@ -79,8 +79,9 @@ from hutch.services.governor.capacity import FleetCapacity
 from hutch.services.governor.core import Core, CoreConfig
 from hutch.services.governor.limits import Limits
 from hutch.services.governor.robots import RobotsCache
-from hutch.services.governor.status import GovernorStatus, StatusRequest, select_domains, status_routing_key
+from hutch.services.governor.status import GovernorStatus, StatusRequest, select_domains
 from hutch.services.governor.suffixes import key_function
+from hutch.topology import FETCH_KEY, HEARTBEAT, RELEASED, STATUS
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +98,6 @@ PARKED_HEADER = "x-hutch-parked"  # a task the governor parked in a delay tier
 # that killed it: the governor reads no page. Crashes still end there, but a good task must
 # survive many governor restarts.
 SHARD_MAX_CRASHES = 50
-EVENT_KEYS = ("outcome.#", "robots.#", "fetcher.heartbeat", "rescued.#", status_routing_key())
 RESCUED_MEMORY = 100_000  # rescued tasks whose newest incarnation a governor remembers
 MAX_HELD_PER_JOB = 64  # held tasks of one domain and job, however fast its rate
 PACE_SECONDS = 5  # whole seconds over which a busy domain's peak pace is measured
@@ -396,15 +396,7 @@ class Governor(Service):
     async def _listen_events(self) -> AbstractQueue:
         channel = await self.broker.channel()
         topology = self.broker.topology
-        queue = await channel.declare_queue(
-            f"{topology.prefix}governor.{self.id}",
-            exclusive=True,
-            auto_delete=True,
-            # A governor that cannot keep up loses the oldest events, not the broker's memory.
-            arguments={"x-max-length": 200_000},
-        )
-        for key in EVENT_KEYS:
-            await queue.bind(topology.events, key)
+        queue = await declare_queue(channel, topology.governor_events(self.id))
         await self.broker.listen(channel, queue.name, self._on_event)
         return queue
 
@@ -424,10 +416,10 @@ class Governor(Service):
                 )
             elif key.startswith("rescued."):
                 self._on_rescued(self.broker.decode(message.body, message.content_encoding, Rescued))
-            elif key == "fetcher.heartbeat":
+            elif key == HEARTBEAT:
                 core.on_heartbeat(self.broker.decode(message.body, message.content_encoding, FetcherHeartbeat))
                 self._kick()
-            elif key == status_routing_key() and message.reply_to:
+            elif key == STATUS and message.reply_to:
                 self._spawn(self._answer_status(message.reply_to, message))
         except DecodeError as exc:
             log.debug("ignoring an undecodable event %s: %s", key, exc)
@@ -463,7 +455,7 @@ class Governor(Service):
         )
         await self.broker.publish(
             topology.events,
-            "released",
+            RELEASED,
             EventBatch(events=[]),
             headers={GOVERNOR_HEADER: self.id, MARKER_HEADER: marker},
         )
@@ -885,7 +877,7 @@ class Governor(Service):
             incarnation=task.incarnation,
         )
         try:
-            await next(self._publisher).publish(self.broker.topology.work, "fetch.ready", task)
+            await next(self._publisher).publish(self.broker.topology.work, FETCH_KEY, task)
         except BaseException as exc:
             self.core.rollback(task)
             if not quiet:
@@ -983,7 +975,7 @@ class Governor(Service):
         batch, self._releases = EventBatch(events=self._releases), []
         try:
             await self.broker.publish(
-                self.broker.topology.events, "released", batch, headers={GOVERNOR_HEADER: self.id}
+                self.broker.topology.events, RELEASED, batch, headers={GOVERNOR_HEADER: self.id}
             )
         except PublishFailed as exc:
             log.warning("%d released events not published: %s", len(batch.events), exc)

@@ -31,11 +31,7 @@ from pydantic import Field
 
 from hutch.amqp import Broker, PublishFailed, queue_depth
 from hutch.models import DecodeError, Model
-
-
-def status_routing_key() -> str:
-    return "governor.status"
-
+from hutch.topology import STATUS
 
 # What a domain row may be sorted by: `name` ascending, every other key largest first.
 SortKey = Literal[
@@ -131,7 +127,7 @@ async def ask_governors(
         try:
             await broker.publish(
                 broker.topology.events,
-                status_routing_key(),
+                STATUS,
                 request or StatusRequest(),
                 reply_to=queue.name,
                 correlation_id=correlation_id,

@@ -17,6 +17,7 @@ from hutch.amqp import Dead, Delivery
 from hutch.models import Item, Page
 from hutch.service import Service
 from hutch.services.parser.pool import Limits, ParseFailed, ParsePool
+from hutch.topology import STORE_KEY
 
 
 class Parser(Service):
@@ -40,7 +41,7 @@ class Parser(Service):
         except ParseFailed as failed:
             raise Dead(failed.reason, failed.detail, task=page.task) from None
         item = Item(task=page.task, status=page.status, fields=fields, parsed_at=time.time())
-        await self.broker.publish(self.broker.topology.work, "store", item)
+        await self.broker.publish(self.broker.topology.work, STORE_KEY, item)
 
 
 SERVICE = Parser

@@ -3,7 +3,7 @@
 No pool configured (`HUTCH_PROXY_FILE` unset) means every lease says "direct"; a configured
 pool is never bypassed: when no proxy can be used now the lease says when to ask again.
 The logic is in broker-free modules (`leases`, `health`, `tiers`); this module only feeds
-them: lease requests from `rpc.proxy` (answered by direct reply), outcome events from the
+them: lease requests from `rpc.proxy` (answered to the caller's own reply queue), outcome events from the
 durable `events.proxy-manager` queue, the pool file when it changes (checked every
 `HUTCH_PROXY_RELOAD_INTERVAL` seconds, and at once on SIGHUP), probe results, and the state
 file at start. Proxy URLs appear only in the leases' `url`; logs name proxies by id.

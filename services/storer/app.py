@@ -29,12 +29,12 @@ import logging
 import time
 
 from hutch.amqp import Delivery, PublishFailed, Requeue, queue_depth
-from hutch.domains import event_key
 from hutch.models import AnyEvent, DeadLetter, Item, JobControl, Rescued
 from hutch.service import Service
 from hutch.services.storer import reconcile
 from hutch.services.storer.writer import GroupWriter, Write
 from hutch.store import AsyncStore, Silent, Store, StoreUnavailable, is_outage
+from hutch.topology import rescued_key
 
 log = logging.getLogger(__name__)
 
@@ -220,7 +220,7 @@ class Storer(Service):
             # from the frontier after this is dropped; none bound yet is no failure.
             await self.broker.publish(
                 topology.events,
-                event_key("rescued", task.domain),
+                rescued_key(task.domain),
                 Rescued(task_id=task.id, domain=task.domain, incarnation=task.incarnation),
                 mandatory=False,
             )

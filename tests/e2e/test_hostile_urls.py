@@ -27,13 +27,13 @@ import pytest
 
 from hutch.admin import delete_namespace
 from hutch.amqp import Broker
-from hutch.domains import routing_key
 from hutch.sandbox import Sandbox, load_config
 from hutch.sandbox.hostile.urls import TARGETS
 from hutch.services.control.submit import submit
 from hutch.services.control.supervisor import Supervisor
 from hutch.settings import Settings
 from hutch.store import AsyncStore, JobCounts, Store
+from hutch.topology import routing_key
 from hutch.urls import check_url
 
 from ..conftest import OWN_VHOST

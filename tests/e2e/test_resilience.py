@@ -12,11 +12,11 @@ from urllib.parse import unquote, urlsplit
 import pytest
 
 from hutch.amqp import Broker, topology_for
-from hutch.domains import outcome_key
 from hutch.models import DeadLetter, decode
 from hutch.sandbox import Sandbox
 from hutch.settings import Settings
 from hutch.store import Store
+from hutch.topology import outcome_key
 
 from .conftest import Services, submit_urls
 

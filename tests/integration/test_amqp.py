@@ -11,10 +11,10 @@ import pytest
 from aio_pika.abc import AbstractIncomingMessage
 
 from hutch.amqp import Broker, Dead, Delivery, PublishFailed, RpcClient, serve_rpc
-from hutch.domains import routing_key
 from hutch.models import DeadLetter, Lease, LeaseRequest, Page, Task, decode, encode, task_id
 from hutch.sandbox.pages import render_page
 from hutch.settings import Settings
+from hutch.topology import routing_key
 
 pytestmark = pytest.mark.timeout(60)
 

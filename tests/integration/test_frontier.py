@@ -19,10 +19,10 @@ import pytest
 from aio_pika.abc import AbstractIncomingMessage
 
 from hutch.amqp import Broker, Delivery
-from hutch.domains import event_key
 from hutch.models import Event, EventBatch, FetcherHeartbeat, JobControl, Task, decode, task_id
 from hutch.services.governor.app import Governor
 from hutch.settings import Settings
+from hutch.topology import event_key
 
 from .test_amqp import get_one
 

@@ -9,11 +9,10 @@ import aiormq
 import pytest
 
 from hutch.amqp import Broker, declare_queue
-from hutch.domains import routing_key
 from hutch.migrate import migrate
 from hutch.models import DeadLetter, Page, Task, decode, task_id
 from hutch.settings import Settings
-from hutch.topology import QueueSpec, Topology
+from hutch.topology import QueueSpec, Topology, routing_key
 
 from .legacy import leave_domain_queue
 from .test_amqp import depth, get_one

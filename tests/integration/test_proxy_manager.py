@@ -16,13 +16,13 @@ from pathlib import Path
 import pytest
 
 from hutch.amqp import Broker, RpcClient
-from hutch.domains import outcome_key
 from hutch.models import Event, Lease, LeaseRequest
 from hutch.sandbox import Sandbox, SandboxConfig
 from hutch.services.proxy_manager import state
 from hutch.services.proxy_manager.app import ProxyManager
 from hutch.services.proxy_manager.pool import proxy_id
 from hutch.settings import Settings
+from hutch.topology import outcome_key
 
 pytestmark = pytest.mark.timeout(60)
 

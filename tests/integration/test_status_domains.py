@@ -19,9 +19,9 @@ from hutch.services.governor.status import (
     StatusRequest,
     domain_report,
     select_domains,
-    status_routing_key,
 )
 from hutch.settings import Settings
+from hutch.topology import STATUS
 
 pytestmark = pytest.mark.timeout(60)
 DOMAINS = 500
@@ -57,7 +57,7 @@ async def stand_in_governor(broker: Broker, asked: list[StatusRequest]) -> None:
     """Answers status requests as a governor does: its rows through `select_domains`."""
     channel = await broker.channel()
     queue = await channel.declare_queue("", exclusive=True, auto_delete=True)
-    await queue.bind(broker.topology.events, status_routing_key())
+    await queue.bind(broker.topology.events, STATUS)
 
     async def on_request(message: AbstractIncomingMessage) -> None:
         request = decode(message.body, StatusRequest)

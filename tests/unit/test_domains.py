@@ -6,9 +6,9 @@ import pytest
 from pamqp.constants import DOMAIN_REGEX
 from pydantic import ValidationError
 
-from hutch.domains import MAX_NAME_BYTES, InvalidURL, amqp_name, domain_of, event_key, outcome_key, routing_key
+from hutch.domains import MAX_NAME_BYTES, InvalidURL, amqp_name, domain_of
 from hutch.settings import Settings
-from hutch.topology import Topology
+from hutch.topology import Topology, event_key, outcome_key, routing_key
 
 # -- default and explicit ports ------------------------------------------------------------------
 
