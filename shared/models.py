@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, RootModel, ValidationError
 
@@ -60,6 +60,23 @@ class Permit(Model):
     expires: float
     late_after: float | None = None
     not_before: float | None = None
+
+
+# What one fetch attempt came to: the keys of the failure policy's rules, what proxy health
+# and the cost report read. Events and a task's history also name why a task went back
+# unspent (`permit_late`, `no_proxy`...), so their `outcome` fields are plain text.
+Outcome = Literal[
+    "ok", "timeout", "reset", "proxy_failure", "blocked", "throttled", "server_error", "redirect",
+    "not_found", "client_error", "too_large", "bad_encoding", "redirects", "invalid_url", "forbidden_target",
+    "crashed", "error",
+]
+OUTCOMES: tuple[Outcome, ...] = get_args(Outcome)
+_OUTCOME_BY_NAME: dict[str, Outcome] = {outcome: outcome for outcome in OUTCOMES}
+
+
+def attempt_outcome(text: str | None) -> Outcome | None:
+    """`text` as an attempt's `Outcome`, or None when it names something else."""
+    return _OUTCOME_BY_NAME.get(text or "")
 
 
 class Attempt(Model):
@@ -299,3 +316,44 @@ class Lease(Model):
     # On a direct lease: no pool is configured, so the fetcher may go direct for this many
     # seconds without asking again (a pool appears only when a proxy-manager starts with one).
     valid_for: float | None = None
+
+
+# -- `hutch status --domains`: the question every governor is asked, and its answer ---------
+
+# What a domain row may be sorted by: `name` ascending, every other key largest first.
+SortKey = Literal[
+    "held", "parked", "in_flight", "released", "throttled", "rate", "paused_for", "oldest_held", "jobs", "name"
+]
+SORT_KEYS: tuple[str, ...] = get_args(SortKey)
+DEFAULT_TOP = 20
+MAX_TOP = 10_000  # rows one answer may carry (about 4 MB of JSON); narrow with `match` for more
+MAX_PATTERN = 256
+
+
+class StatusRequest(Model):
+    """The question `hutch status --domains` asks every governor.
+
+    `top` rows after filtering by `match` (a shell-style glob on the domain, `*` and `?`,
+    case-insensitive) and `paused_only` (domains paused now), ordered by `sort`.
+    """
+
+    v: Literal[1] = 1
+    top: int = Field(default=DEFAULT_TOP, ge=1, le=MAX_TOP)
+    sort: SortKey = "held"
+    match: str | None = Field(default=None, min_length=1, max_length=MAX_PATTERN)
+    paused_only: bool = False
+    at: float = Field(default_factory=time.time)
+
+
+class GovernorStatus(Model):
+    """One governor's answer: its view of every domain it knows."""
+
+    v: Literal[1] = 1
+    governor: str
+    started: float
+    capacity: int
+    fetchers: int
+    in_flight: int
+    domains: list[dict[str, Any]]  # the selection the request asked for (`select_domains`)
+    total_domains: int = 0  # every domain it knows, before the selection
+    at: float = Field(default_factory=time.time)

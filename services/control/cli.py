@@ -23,7 +23,7 @@ from pydantic import ValidationError
 
 from hutch import telemetry
 from hutch.amqp import Broker, BrokerUnreachable, PublishFailed, queue_depth
-from hutch.models import Spec
+from hutch.models import DEFAULT_TOP, MAX_PATTERN, MAX_TOP, SORT_KEYS, Spec, StatusRequest
 from hutch.services import SERVICES, service_class
 from hutch.services.control import dlq
 from hutch.services.control.jobs import (
@@ -48,15 +48,7 @@ from hutch.services.control.submit import (
 from hutch.services.control.supervisor import Supervisor
 from hutch.services.control.terminal import json_text, shown
 from hutch.services.governor.limits import LimitsError, parse_rate_for
-from hutch.services.governor.status import (
-    DEFAULT_TOP,
-    MAX_PATTERN,
-    MAX_TOP,
-    SORT_KEYS,
-    DomainReport,
-    StatusRequest,
-    domain_report,
-)
+from hutch.services.governor.status import DomainReport, domain_report
 from hutch.services.parser.spec import SpecError, load_spec
 from hutch.services.proxy_manager.costs import cost_summary
 from hutch.services.proxy_manager.pool import TIERS, PoolError, load_pool

@@ -33,6 +33,7 @@ import h11
 import httpcore
 import httpx
 
+from hutch.models import Outcome
 from hutch.services.fetcher.decoding import ACCEPT_ENCODING, BadEncoding, BodyDecoder, BodyTooLarge
 from hutch.services.fetcher.guard import ForbiddenTarget, GuardedBackend, ResolveError, TargetGuard
 from hutch.services.fetcher.policy import FetchResult, Policy, outcome_of_status
@@ -295,7 +296,7 @@ def _transport_failure(exc: Exception, elapsed: float, proxied: bool, read_timeo
     if isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout)):
         if proxied:  # the connection goes to the proxy: it is the proxy that did not answer
             return FetchResult("proxy_failure", elapsed, detail=f"proxy unreachable: {type(exc).__name__}")
-        outcome = "timeout" if isinstance(exc, httpx.ConnectTimeout) else "reset"
+        outcome: Outcome = "timeout" if isinstance(exc, httpx.ConnectTimeout) else "reset"
         return FetchResult(outcome, elapsed, detail=f"{type(exc).__name__}: {exc}".rstrip(": "))
     if isinstance(exc, httpx.ReadTimeout):
         return FetchResult("timeout", elapsed, detail=f"ReadTimeout: no data for {read_timeout:g}s")

@@ -46,7 +46,7 @@ from typing import Any, Literal
 
 import yaml
 
-from hutch.models import Attempt
+from hutch.models import Attempt, Outcome, attempt_outcome
 
 Action = Literal["parse", "retry", "frontier", "dead"]
 Backoff = Literal["exponential", "site", "none"]
@@ -58,9 +58,9 @@ class PolicyError(ValueError):
 
 @dataclass(frozen=True)
 class FetchResult:
-    """What one attempt produced; `outcome` is one of the keys of DEFAULT_RULES."""
+    """What one attempt produced."""
 
-    outcome: str
+    outcome: Outcome
     elapsed: float
     status: int | None = None
     final_url: str | None = None
@@ -80,7 +80,7 @@ class Rule:
     avoid_proxy: bool = False
 
 
-DEFAULT_RULES: dict[str, Rule] = {
+DEFAULT_RULES: dict[Outcome, Rule] = {
     "ok": Rule(retry=False),
     "timeout": Rule(retry=True),
     "reset": Rule(retry=True),
@@ -129,7 +129,7 @@ DEFAULT_BLOCKS = (
 
 @dataclass(frozen=True)
 class Policy:
-    rules: dict[str, Rule] = field(default_factory=lambda: dict(DEFAULT_RULES))
+    rules: dict[Outcome, Rule] = field(default_factory=lambda: dict(DEFAULT_RULES))
     blocks: tuple[BlockRule, ...] = DEFAULT_BLOCKS
     max_attempts: int = 5
     max_pause: float = 600.0
@@ -160,10 +160,11 @@ def load_policy(path: str | Path | None, **limits: Any) -> Policy:
         raise PolicyError(f"{path}: expected a mapping with 'outcomes:' and/or 'blocks:'")
     rules = dict(policy.rules)
     for name, override in (data.get("outcomes") or {}).items():
-        if name not in rules or not isinstance(override, dict):
+        outcome = attempt_outcome(str(name))
+        if outcome is None or not isinstance(override, dict):
             raise PolicyError(f"{path}: unknown outcome {name!r}; known: {', '.join(rules)}")
         try:
-            rules[name] = replace(rules[name], **override)
+            rules[outcome] = replace(rules[outcome], **override)
         except TypeError as exc:
             raise PolicyError(f"{path}: outcome {name}: {exc}") from None
     blocks = list(policy.blocks)
@@ -181,7 +182,7 @@ def load_policy(path: str | Path | None, **limits: Any) -> Policy:
     return replace(policy, rules=rules, blocks=tuple(blocks))
 
 
-def outcome_of_status(status: int) -> str:
+def outcome_of_status(status: int) -> Outcome:
     if 200 <= status < 300:
         return "ok"
     if 300 <= status < 400:

@@ -69,9 +69,11 @@ from hutch.models import (
     Event,
     EventBatch,
     FetcherHeartbeat,
+    GovernorStatus,
     JobControl,
     Rescued,
     RobotsFetched,
+    StatusRequest,
     Task,
 )
 from hutch.service import Service
@@ -79,7 +81,7 @@ from hutch.services.governor.capacity import FleetCapacity
 from hutch.services.governor.core import Core, CoreConfig
 from hutch.services.governor.limits import Limits
 from hutch.services.governor.robots import RobotsCache
-from hutch.services.governor.status import GovernorStatus, StatusRequest, select_domains
+from hutch.services.governor.status import select_domains
 from hutch.services.governor.suffixes import key_function
 from hutch.topology import FETCH_KEY, HEARTBEAT, RELEASED, STATUS
 

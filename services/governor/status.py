@@ -21,55 +21,15 @@ import contextlib
 import fnmatch
 import heapq
 import re
-import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Literal, get_args
+from typing import Any
 
 from aio_pika.abc import AbstractIncomingMessage
-from pydantic import Field
 
 from hutch.amqp import Broker, PublishFailed, queue_depth
-from hutch.models import DecodeError, Model
+from hutch.models import MAX_TOP, DecodeError, GovernorStatus, StatusRequest
 from hutch.topology import STATUS
-
-# What a domain row may be sorted by: `name` ascending, every other key largest first.
-SortKey = Literal[
-    "held", "parked", "in_flight", "released", "throttled", "rate", "paused_for", "oldest_held", "jobs", "name"
-]
-SORT_KEYS: tuple[str, ...] = get_args(SortKey)
-DEFAULT_TOP = 20
-MAX_TOP = 10_000  # rows one answer may carry (about 4 MB of JSON); narrow with `match` for more
-MAX_PATTERN = 256
-
-
-class StatusRequest(Model):
-    """The question `hutch status --domains` asks every governor.
-
-    `top` rows after filtering by `match` (a shell-style glob on the domain, `*` and `?`,
-    case-insensitive) and `paused_only` (domains paused now), ordered by `sort`.
-    """
-
-    v: Literal[1] = 1
-    top: int = Field(default=DEFAULT_TOP, ge=1, le=MAX_TOP)
-    sort: SortKey = "held"
-    match: str | None = Field(default=None, min_length=1, max_length=MAX_PATTERN)
-    paused_only: bool = False
-    at: float = Field(default_factory=time.time)
-
-
-class GovernorStatus(Model):
-    """One governor's answer: its view of every domain it knows."""
-
-    v: Literal[1] = 1
-    governor: str
-    started: float
-    capacity: int
-    fetchers: int
-    in_flight: int
-    domains: list[dict[str, Any]]  # the selection the request asked for (`select_domains`)
-    total_domains: int = 0  # every domain it knows, before the selection
-    at: float = Field(default_factory=time.time)
 
 
 def _number(value: Any) -> float:

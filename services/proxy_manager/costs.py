@@ -10,16 +10,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from hutch.models import Outcome
 from hutch.store import Store
 
 # Outcomes of attempts that sent a request (a direct attempt has no proxy to tell it by).
-REQUEST_OUTCOMES = (
+REQUEST_OUTCOMES: tuple[Outcome, ...] = (
     "ok",
     "timeout",
     "reset",
-    "connection",
     "proxy_failure",
-    "proxy",
     "blocked",
     "throttled",
     "server_error",

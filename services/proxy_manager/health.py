@@ -34,12 +34,14 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from hutch.models import Outcome
+
 ALPHA = 0.2  # weight of the newest outcome in the EWMAs
 
 # Outcome -> (sample for the proxy, sample for the (proxy, domain) pair); None = no update.
 # Any HTTP answer relayed by the proxy shows that the proxy works; what the site answered
 # says how this proxy fares on this site.
-SAMPLES: dict[str, tuple[float | None, float | None]] = {
+SAMPLES: dict[Outcome, tuple[float | None, float | None]] = {
     "ok": (1.0, 1.0),
     "not_found": (1.0, 1.0),
     "client_error": (1.0, 1.0),
@@ -54,17 +56,7 @@ SAMPLES: dict[str, tuple[float | None, float | None]] = {
     "reset": (0.5, 0.5),
     "proxy_failure": (0.0, None),
 }
-# Names the fetcher used before the failure policy settled them.
-ALIASES = {"proxy": "proxy_failure", "connection": "reset"}
-
-
-def normalise(outcome: str | None) -> str | None:
-    if outcome is None:
-        return None
-    return ALIASES.get(outcome, outcome)
-
-
-NO_ANSWER = ("proxy_failure", "reset", "timeout")
+NO_ANSWER: tuple[Outcome, ...] = ("proxy_failure", "reset", "timeout")
 
 
 @dataclass
@@ -170,7 +162,7 @@ class Health:
             # The one trial lease of a dead proxy: the next one waits for its outcome or the interval.
             state.next_probe = now + self.config.probe_interval
 
-    def report(self, proxy_id: str, domain: str, outcome: str, now: float) -> list[Change]:
+    def report(self, proxy_id: str, domain: str, outcome: Outcome, now: float) -> list[Change]:
         changes: list[Change] = []
         proxy_sample, pair_sample = SAMPLES.get(outcome, (None, None))
         state = self.proxy(proxy_id)
@@ -196,7 +188,7 @@ class Health:
                 changes.append(Change("banned", proxy_id, domain, seconds))
         return changes
 
-    def _no_answer(self, proxy_id: str, state: ProxyState, domain: str, outcome: str, now: float) -> list[Change]:
+    def _no_answer(self, proxy_id: str, state: ProxyState, domain: str, outcome: Outcome, now: float) -> list[Change]:
         """A proxy that gave no answer: counted silent, then dead everywhere or banned here."""
         if outcome == "proxy_failure":
             self._count_failure(proxy_id, state, domain)

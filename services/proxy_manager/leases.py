@@ -24,8 +24,8 @@ import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from hutch.models import Event, Lease, LeaseRequest
-from hutch.services.proxy_manager.health import Change, Health, HealthConfig, normalise
+from hutch.models import Event, Lease, LeaseRequest, attempt_outcome
+from hutch.services.proxy_manager.health import Change, Health, HealthConfig
 from hutch.services.proxy_manager.pool import TIERS, PoolConfig, Proxy
 from hutch.services.proxy_manager.tiers import DomainTiers, TierChange, TierConfig
 
@@ -183,7 +183,7 @@ class Selector:
 
     def report(self, event: Event) -> list[Change | TierChange]:
         """Learn from one attempt's outcome event; returns what changed, for the log."""
-        outcome = normalise(event.outcome)
+        outcome = attempt_outcome(event.outcome)
         if event.kind != "outcome" or outcome is None or event.proxy_id is None:
             return []
         # When it happened, not when it was heard: reports queued while the manager was down

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from hutch.models import Outcome
 from hutch.services.proxy_manager.pool import TIERS
 
 SUCCESS = {"ok", "not_found", "client_error", "too_large", "redirect", "redirects"}
@@ -126,7 +127,7 @@ class DomainTiers:
 
     # -- reports ----------------------------------------------------------------------------
 
-    def report(self, domain: str, level: int | None, task_id: str, outcome: str, now: float) -> TierChange | None:
+    def report(self, domain: str, level: int | None, task_id: str, outcome: Outcome, now: float) -> TierChange | None:
         if level is None:
             return None
         state = self.state(domain)
@@ -173,7 +174,7 @@ class DomainTiers:
         return TierChange(domain, old, costlier, why)
 
     def _trial_report(
-        self, domain: str, state: DomainTier, trial: Trial, outcome: str, now: float
+        self, domain: str, state: DomainTier, trial: Trial, outcome: Outcome, now: float
     ) -> TierChange | None:
         trial.task_id = None
         if outcome == "blocked":

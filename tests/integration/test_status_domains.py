@@ -12,14 +12,9 @@ from aio_pika import Message
 from aio_pika.abc import AbstractIncomingMessage
 
 from hutch.amqp import Broker
-from hutch.models import Task, decode, encode, task_id
+from hutch.models import GovernorStatus, StatusRequest, Task, decode, encode, task_id
 from hutch.services.control.cli import main
-from hutch.services.governor.status import (
-    GovernorStatus,
-    StatusRequest,
-    domain_report,
-    select_domains,
-)
+from hutch.services.governor.status import domain_report, select_domains
 from hutch.settings import Settings
 from hutch.topology import STATUS
 

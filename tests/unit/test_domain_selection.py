@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from hutch.services.governor.status import GovernorStatus, StatusRequest, merge_answers, select_domains
+from hutch.models import GovernorStatus, StatusRequest
+from hutch.services.governor.status import merge_answers, select_domains
 
 
 def row(domain: str, **fields: Any) -> dict[str, Any]:

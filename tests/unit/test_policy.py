@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from hutch.models import Attempt
+from hutch.models import OUTCOMES, Attempt
 from hutch.services.fetcher.policy import (
     DEFAULT_RULES,
     FetchResult,
@@ -36,6 +36,10 @@ def run(outcome: str, spent: int = 0, history: list[Attempt] | None = None, poli
 
 def test_every_status_code_maps_to_an_outcome_with_a_rule() -> None:
     assert {outcome_of_status(status) for status in range(100, 600)} <= set(DEFAULT_RULES)
+
+
+def test_the_policy_has_a_rule_for_every_outcome_and_no_other() -> None:
+    assert set(DEFAULT_RULES) == set(OUTCOMES)
 
 
 @pytest.mark.parametrize(

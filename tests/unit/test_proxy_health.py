@@ -3,8 +3,8 @@ blocks, and for proxy failures on one domain only)."""
 
 from __future__ import annotations
 
-from hutch.models import Event, LeaseRequest
-from hutch.services.proxy_manager.health import Health, HealthConfig, normalise
+from hutch.models import OUTCOMES, Event, LeaseRequest
+from hutch.services.proxy_manager.health import NO_ANSWER, SAMPLES, Health, HealthConfig
 from hutch.services.proxy_manager.leases import Selector, SelectorConfig
 from hutch.services.proxy_manager.pool import PoolConfig, Proxy
 
@@ -69,10 +69,8 @@ def test_an_http_answer_ends_the_streak_of_silence() -> None:
     assert not h.is_dead("p")
 
 
-def test_old_outcome_names_are_understood() -> None:
-    assert normalise("proxy") == "proxy_failure"
-    assert normalise("connection") == "reset"
-    assert normalise("ok") == "ok"
+def test_health_reads_only_the_outcomes_an_attempt_can_have() -> None:
+    assert set(SAMPLES) <= set(OUTCOMES) and set(NO_ANSWER) <= set(SAMPLES)
 
 
 def test_a_ban_then_a_success_leaves_the_ban_in_place() -> None:
