@@ -154,6 +154,8 @@ def governor_id() -> str:
 
 
 Action = Literal["release", "park", "paused", "dead", "drop", "return"]
+# What one turn of the dispatcher did for a domain (`gate`: waits for the fleet's capacity).
+Decided = Literal["empty", "release", "dead", "drop", "gate", "wait", "parked"]
 
 
 @dataclass
@@ -479,9 +481,8 @@ class Governor(Service):
     def _wake(self, key: str | None, robots: bool = False) -> None:
         """Something changed for this domain key: its domains are due now."""
         if key is not None:
-            ks = self.core.keys.get(key)
             now = time.time()
-            for domain in ks.queues if ks is not None else ():
+            for domain in self.core.domains_of(key):
                 line = self.lines.get(domain)
                 if line is None:
                     continue
@@ -502,12 +503,13 @@ class Governor(Service):
         except DecodeError:  # an older client: its defaults
             request = StatusRequest()
         rows, total = select_domains(self._rows(now), request)
+        slots, fetchers, in_flight = core.fleet(now)
         answer = GovernorStatus(
             governor=self.id,
             started=core.started,
-            capacity=core.capacity.total(now),
-            fetchers=core.capacity.live(now),
-            in_flight=core.leases.total,
+            capacity=slots,
+            fetchers=fetchers,
+            in_flight=in_flight,
             domains=rows,
             total_domains=total,
         )
@@ -646,7 +648,7 @@ class Governor(Service):
     def _share(self, domain: str, line: DomainLine, job: str) -> float:
         """This job's share of the domain's rate (tasks per second), by the weights of the
         jobs the domain has work of."""
-        rate = self.core.key_state(self.core.key_of(domain)).aimd.rate
+        rate = self.core.rate_of(domain)
         now = time.time()
         weights = sum(
             self._job(name).weight for name, jl in line.jobs.items() if name == job or jl.held or jl.parked(now)
@@ -658,7 +660,7 @@ class Governor(Service):
         return max(1, min(MAX_HELD_PER_JOB, math.ceil(wanted)))
 
     def _park_delay(self, domain: str, line: DomainLine, job: str, now: float) -> float:
-        rate = self.core.key_state(self.core.key_of(domain)).aimd.rate
+        rate = self.core.rate_of(domain)
         share = self._share(domain, line, job)
         longest = max(PACED_PARK_MAX, self._backlog(now) / PARK_BUDGET)
         return park_delay(line.jobs[job], now, share, rate, line.pace(now), line.blocked_until, longest)
@@ -807,7 +809,7 @@ class Governor(Service):
                 return 0.0
         return max(heap[0][0] - now, 0.0) if heap else None
 
-    def _decide(self, domain: str, line: DomainLine, due: float, now: float) -> str:
+    def _decide(self, domain: str, line: DomainLine, due: float, now: float) -> Decided:
         core = self.core
         heapq.heappop(self._heap)
         line.scheduled = False
@@ -899,8 +901,7 @@ class Governor(Service):
         while True:
             depth = await queue_depth(channel, name)
             if depth is not None:
-                self.core.ready_depth = depth[0]
-                self.core.released_since_look = 0
+                self.core.saw_ready_depth(depth[0])
             else:  # reconnecting: keep the last figure
                 with contextlib.suppress(Exception):
                     channel = await self.broker.channel()
@@ -936,9 +937,7 @@ class Governor(Service):
                 continue
             del self.lines[domain]
             self.core.forget(domain)
-        for domain in [d for d, q in self.core.queues.items() if d not in self.lines]:
-            if now - self.core.queues[domain].last_foreign_release > idle_after and self.core.idle(domain):
-                self.core.forget(domain)
+        self.core.forget_idle(self.lines, idle_after, now)
 
     async def _report(self, every: float = 10.0) -> None:
         """One log line now and then: how fast permits go out and what holds the rest back."""
@@ -949,6 +948,7 @@ class Governor(Service):
             lag_sum, lag_n = self._lag
             self._lag = [0.0, 0]
             held = sum(line.held_count() for line in self.lines.values())
+            slots, _, in_flight = self.core.fleet(time.time())
             log.info(
                 "%.0f permits/s; %d domains, %d tasks held, %.0f parked/s; %d in flight of %d; "
                 "outcomes heard %.0f ms after the fact",
@@ -956,8 +956,8 @@ class Governor(Service):
                 len(self.lines),
                 held,
                 (self._parks - parks) / every,
-                self.core.leases.total,
-                self.core.capacity.total(time.time()),
+                in_flight,
+                slots,
                 1000 * lag_sum / lag_n if lag_n else 0.0,
             )
             last, parks = released, self._parks

@@ -22,7 +22,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -64,18 +64,26 @@ class QueueState:
 
 
 Action = Literal["release", "wait", "dead", "drop"]
+# Why a domain waits: a takeover's first permit lifetime, a pause (429/503 or a job control's),
+# its robots.txt, its concurrency cap, its rate, or the fleet's capacity.
+WaitReason = Literal["takeover", "pause", "robots", "concurrency", "rate", "capacity"]
 
 
 @dataclass(frozen=True)
 class Verdict:
     action: Action
     until: float = 0.0
-    why: str = ""
+    why: str = ""  # in words, for the log and a dead letter's detail
     robots: str | None = None  # release: fetch this origin's robots.txt instead of the task
-    gate: bool = False  # wait: for the fleet's capacity (served in arrival order)
+    reason: WaitReason | None = None  # wait: why
     # wait: for a fetch in flight to end; `until` is the worst case (the first lease's
     # expiry), and an outcome usually ends it long before
     in_flight: bool = False
+
+    @property
+    def gate(self) -> bool:
+        """A wait for the fleet's capacity: served in arrival order when it comes back."""
+        return self.reason == "capacity"
 
 
 RELEASE = Verdict("release")
@@ -225,11 +233,11 @@ class Core:
         now = self.clock()
         q = self.queue(domain)
         if now < q.cold_until:
-            return Verdict("wait", q.cold_until, "takeover: waiting one permit lifetime")
+            return Verdict("wait", q.cold_until, "takeover: waiting one permit lifetime", reason="takeover")
         key = self.key_of(domain)
         ks = self.key_state(key)
         if now < ks.paused_until:
-            return Verdict("wait", ks.paused_until, ks.pause_why)
+            return Verdict("wait", ks.paused_until, ks.pause_why, reason="pause")
         fetch_robots: str | None = None
         if task.purpose == "robots":
             if not self._robots_needed(task):
@@ -241,19 +249,21 @@ class Core:
                 return Verdict("dead", why=why)
             if verdict == "wait":
                 # Held, not parked for the fetch's deadline: its answer wakes the domain.
-                return Verdict("wait", until, why, in_flight=self.robots.in_flight(url))
+                return Verdict("wait", until, why, reason="robots", in_flight=self.robots.in_flight(url))
             if verdict == "fetch":
                 fetch_robots = origin_of(url)
         if self.leases.count(key) >= ks.limit.concurrency:
             until = self.leases.next_expiry(key) or now + 1.0
-            return Verdict("wait", until, f"{ks.limit.concurrency} fetches in flight", in_flight=True)
+            return Verdict(
+                "wait", until, f"{ks.limit.concurrency} fetches in flight", reason="concurrency", in_flight=True
+            )
         wait = ks.bucket.wait_time()
         if wait > self.config.permit_lead:
             # Issued up to `permit_lead` ahead, with the time its token is due: the pipeline's
             # delay is then spent before that time rather than after it.
-            return Verdict("wait", now + wait - self.config.permit_lead, "rate")
+            return Verdict("wait", now + wait - self.config.permit_lead, "rate", reason="rate")
         if not self.capacity_free(now):
-            return Verdict("wait", now + 1.0, "fetchers busy", gate=True)
+            return Verdict("wait", now + 1.0, "fetchers busy", reason="capacity")
         return Verdict("release", robots=fetch_robots) if fetch_robots else RELEASE
 
     def _robots_needed(self, task: Task) -> bool:
@@ -271,6 +281,31 @@ class Core:
         if self.leases.total >= self.capacity.total(now):
             return False
         return self.ready_depth + self.released_since_look < self.config.max_ready
+
+    def saw_ready_depth(self, depth: int) -> None:
+        """A look at `fetch.ready`: `depth` tasks wait there now, counting every release so far."""
+        self.ready_depth = depth
+        self.released_since_look = 0
+
+    def fleet(self, now: float) -> tuple[int, int, int]:
+        """(fetch slots the live fetchers offer, live fetchers, fetches in flight)."""
+        return self.capacity.total(now), self.capacity.live(now), self.leases.total
+
+    def rate_of(self, domain: str) -> float:
+        """The domain's current rate (its key's, after AIMD), tasks per second."""
+        return self.key_state(self.key_of(domain)).aimd.rate
+
+    def domains_of(self, key: str) -> tuple[str, ...]:
+        """The domains known under a limit key (a registrable domain may have several)."""
+        ks = self.keys.get(key)
+        return tuple(ks.queues) if ks is not None else ()
+
+    def forget_idle(self, keep: Container[str], idle_after: float, now: float) -> None:
+        """Forget every domain not in `keep` that no governor released for `idle_after` seconds
+        and that holds nothing (its bucket and limits come back fresh when it returns)."""
+        for domain in [d for d in self.queues if d not in keep]:
+            if now - self.queues[domain].last_foreign_release > idle_after and self.idle(domain):
+                self.forget(domain)
 
     def robots_task(self, origin: str, domain: str) -> Task:
         return Task(id=robots_task_id(origin), job=ROBOTS_JOB, url=robots_url(origin), domain=domain, purpose="robots")

@@ -74,7 +74,7 @@ def test_a_brand_new_domain_releases_at_its_rate_from_an_empty_bucket(clock: Fak
     core = make_core(clock, rate=2.0)  # a token every 0.5 s; issued up to 0.25 s ahead
     new_domain(core)
     verdict = core.check(task(), D)
-    assert (verdict.action, verdict.why) == ("wait", "rate")
+    assert (verdict.action, verdict.reason) == ("wait", "rate")
     assert verdict.until == pytest.approx(clock.now + 0.25)
     clock.advance(0.25)
     assert core.check(task(), D).action == "release"
@@ -134,7 +134,7 @@ def test_a_429_with_retry_after_pauses_the_domain_for_that_long(clock: FakeClock
     t = core.commit(task(), D)
     core.on_outcome(outcome(t, "throttled", clock, status=429, retry_after=7.0))
     verdict = core.check(task(1), D)
-    assert verdict.action == "wait"
+    assert (verdict.action, verdict.reason) == ("wait", "pause")
     assert verdict.until == pytest.approx(clock.now + 7.0)
     assert "Retry-After 7s" in verdict.why
     clock.advance(7.0)
@@ -193,7 +193,8 @@ def test_the_concurrency_cap_holds_until_an_outcome_frees_a_slot(clock: FakeCloc
         held.append(core.commit(task(n), D))
     clock.advance(0.1)
     verdict = core.check(task(2), D)
-    assert (verdict.action, verdict.why) == ("wait", "2 fetches in flight")
+    assert (verdict.action, verdict.reason, verdict.in_flight) == ("wait", "concurrency", True)
+    assert verdict.why == "2 fetches in flight"
     core.on_outcome(outcome(held[0], "ok", clock))
     assert core.check(task(2), D).action == "release"
 
@@ -221,7 +222,7 @@ def test_releases_stop_while_outstanding_permits_fill_the_fleets_capacity(clock:
     clock.advance(0.1)
     released = [core.commit(task(i, d), d) for i, d in enumerate(domains[:2])]
     verdict = core.check(task(2, domains[2]), domains[2])
-    assert (verdict.action, verdict.gate) == ("wait", True)
+    assert (verdict.action, verdict.reason, verdict.gate) == ("wait", "capacity", True)
     core.on_outcome(outcome(released[0], "ok", clock))
     assert core.check(task(2, domains[2]), domains[2]).action == "release"
 
@@ -239,8 +240,23 @@ def test_fetch_ready_backlog_stops_releases(clock: FakeClock) -> None:
     core = make_core(clock, rate=100.0, max_ready=5)
     new_domain(core)
     clock.advance(0.1)
-    core.ready_depth = 5
+    core.saw_ready_depth(5)
     assert core.check(task(), D).gate is True
+    core.saw_ready_depth(3)
+    assert core.check(task(), D).action == "release"
+    core.commit(task(), D)
+    core.commit(task(1), D)  # releases since the last look count as waiting there
+    assert core.check(task(2), D).gate is True
+
+
+def test_an_idle_domain_no_one_released_lately_is_forgotten_unless_kept(clock: FakeClock) -> None:
+    core = make_core(clock)
+    for d in ("a.example", "b.example", "c.example"):
+        core.queue(d)
+    clock.advance(100.0)
+    core.on_released(released_by("gov-b", 1, "c.example", clock))  # c: released lately elsewhere
+    core.forget_idle({"b.example"}, idle_after=60.0, now=clock.now)
+    assert set(core.queues) == {"b.example", "c.example"}
 
 
 # -- several governors ------------------------------------------------------------------------
@@ -273,7 +289,7 @@ def test_a_restarted_governor_waits_one_permit_lifetime_after_a_release_it_read_
     assert core.activate(D) == pytest.approx(clock.now + 30.0)
     clock.advance(29.0)
     verdict = core.check(task(), D)
-    assert (verdict.action, verdict.why) == ("wait", "takeover: waiting one permit lifetime")
+    assert (verdict.action, verdict.reason) == ("wait", "takeover")
     clock.advance(1.0)
     assert core.check(task(), D).action == "release"
 
@@ -341,7 +357,7 @@ def test_pages_wait_for_a_robots_fetch_in_flight_not_for_its_deadline(clock: Fak
     clock.advance(0.25)
     core.commit(core.robots_task("http://a.example", D), D)
     waiting = core.check(task(), D)
-    assert (waiting.action, waiting.in_flight) == ("wait", True)  # held until the answer, not parked
+    assert (waiting.action, waiting.reason, waiting.in_flight) == ("wait", "robots", True)  # held, not parked
     core.on_robots(RobotsFetched(domain=D, url=f"http://{D}/robots.txt", status=500, outcome="server_error"))
     failing = core.check(task(), D)
     assert (failing.action, failing.in_flight) == ("wait", False)  # a retry later: a long wait, parked
