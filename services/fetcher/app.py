@@ -37,7 +37,6 @@ from hutch.services.fetcher.lateness import Lateness
 from hutch.services.fetcher.policy import Decision, FetchResult, decide, load_policy
 from hutch.services.fetcher.timeouts import TimeoutEstimator, Timeouts
 from hutch.topology import HEARTBEAT, PARSE_KEY, outcome_key, robots_key
-from hutch.urls import InvalidURL, check_url
 
 log = logging.getLogger(__name__)
 HEARTBEAT_EVERY = 1.0  # seconds
@@ -60,6 +59,8 @@ class Fetcher(Service):
             default_pause=s.default_pause,
             max_throttles=s.max_throttles,
             max_proxy_failures=s.max_proxy_failures,
+            max_redirects=s.max_redirects,
+            max_url_bytes=s.max_url_bytes,
         )
         self.guard = TargetGuard(s.allowed_targets, s.allow_private_networks, parse_overrides(s.resolve))
         self.estimator = (
@@ -245,8 +246,13 @@ class Fetcher(Service):
             await self._robots_result(task, lease, result)
             return
         tiers = self.broker.topology.retry_delays
+        url = task.fetch_url or task.url
+
+        def decision(result: FetchResult) -> Decision:
+            return decide(result, task.attempts, task.history, self.policy, tiers, redirects=task.redirects, url=url)
+
         try:
-            await self._route(task, lease, result, decide(result, task.attempts, task.history, self.policy, tiers))
+            await self._route(task, lease, result, decision(result))
         except (PublishFailed, AMQPError, ConnectionError):
             raise  # the infrastructure's: the AMQP layer requeues it unspent
         except Exception as exc:
@@ -254,7 +260,7 @@ class Fetcher(Service):
                 raise  # routing an error failed too: the AMQP layer counts it and gives up
             log.exception("routing task %s (%s) failed unexpectedly", task.id, result.outcome)
             error = _error(exc, result.elapsed, result.status)
-            await self._route(task, lease, error, decide(error, task.attempts, task.history, self.policy, tiers))
+            await self._route(task, lease, error, decision(error))
 
     async def _back_to_frontier(self, task: Task, why: str) -> None:
         """Back to the frontier with no permit and no attempt spent."""
@@ -322,17 +328,8 @@ class Fetcher(Service):
         }
         action = decision.action
         reason, detail = decision.reason, decision.detail or result.detail
-        if decision.reason == "redirect":
-            # Every hop goes through the one URL validator and the next attempt fetches its
-            # normalised form, so the guard and the request see the same host.
-            try:
-                target = check_url(result.location or "", self.settings.max_url_bytes)
-                update.update(fetch_url=target.url, domain=target.domain, redirects=task.redirects + 1)
-            except InvalidURL as exc:
-                hop = f"redirect {task.redirects + 1} from {task.fetch_url or task.url}"
-                action, reason, detail = "dead", "invalid_url", f"{hop}: {exc}"
-            if task.redirects + 1 > self.settings.max_redirects:
-                action, reason, detail = "dead", "redirects", f"more than {self.settings.max_redirects} redirects"
+        if decision.next_url is not None:  # a redirect's next hop (`policy.decide`)
+            update.update(fetch_url=decision.next_url, domain=decision.next_domain, redirects=task.redirects + 1)
         task = task.model_copy(update=update)
         if action == "parse":
             text, _ = decode_body(result.body or b"", result.content_type)

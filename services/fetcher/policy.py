@@ -47,6 +47,7 @@ from typing import Any, Literal
 import yaml
 
 from hutch.models import Attempt, Outcome, attempt_outcome
+from hutch.urls import DEFAULT_MAX_URL_BYTES, InvalidURL, check_url
 
 Action = Literal["parse", "retry", "frontier", "dead"]
 Backoff = Literal["exponential", "site", "none"]
@@ -136,6 +137,8 @@ class Policy:
     default_pause: float = 30.0
     max_throttles: int = 10
     max_proxy_failures: int = 5
+    max_redirects: int = 10
+    max_url_bytes: int = DEFAULT_MAX_URL_BYTES
 
     def is_block(self, domain: str, status: int, body: bytes) -> bool:
         if status == 403:
@@ -182,6 +185,25 @@ def load_policy(path: str | Path | None, **limits: Any) -> Policy:
     return replace(policy, rules=rules, blocks=tuple(blocks))
 
 
+def _redirect(result: FetchResult, redirects: int, url: str, policy: Policy) -> Decision:
+    """A redirect is followed through the frontier (the new domain's own limits), unspent, to
+    the hop the URL validator makes of its Location; past `max_redirects`, or to a URL the
+    validator refuses, the task is dead."""
+    hop = redirects + 1
+    try:
+        target = check_url(result.location or "", policy.max_url_bytes)
+    except InvalidURL as exc:
+        decision = Decision("dead", "invalid_url", spend=False, detail=f"redirect {hop} from {url}: {exc}")
+    else:
+        decision = Decision(
+            "frontier", "redirect", spend=False, detail=result.detail, next_url=target.url, next_domain=target.domain
+        )
+    if hop > policy.max_redirects:
+        detail = f"more than {policy.max_redirects} redirects"
+        return replace(decision, action="dead", reason="redirects", detail=detail)
+    return decision
+
+
 def outcome_of_status(status: int) -> Outcome:
     if 200 <= status < 300:
         return "ok"
@@ -206,6 +228,10 @@ class Decision:
     delay: float | None = None
     avoid_proxy: bool = False
     detail: str = ""
+    # A redirect to a valid URL: the next hop, as the URL validator normalised it (the form
+    # the guard and the request both see), and its domain.
+    next_url: str | None = None
+    next_domain: str | None = None
 
 
 def _unspent(history: Sequence[Attempt], outcome: str) -> int:
@@ -225,15 +251,19 @@ def decide(
     policy: Policy,
     tiers: Sequence[float],
     jitter: Callable[[], float] = random.random,
+    *,
+    redirects: int = 0,
+    url: str = "",
 ) -> Decision:
-    """The next step for a task that has spent `attempts_spent` attempts before this one."""
+    """The next step for a task that has spent `attempts_spent` attempts before this one and
+    followed `redirects` redirects to `url`, the one just fetched."""
     if result.outcome == "ok":
         return Decision("parse", "ok", spend=True)
     rule = policy.rules[result.outcome]
     if not rule.retry:
         return Decision("dead", result.outcome, spend=True, detail=result.detail)
     if result.outcome == "redirect":
-        return Decision("frontier", "redirect", spend=False, detail=result.detail)
+        return _redirect(result, redirects, url, policy)
     spend = rule.spend
     wait: float | None = None
     if rule.backoff == "site":

@@ -150,8 +150,24 @@ def test_the_last_spent_attempt_sends_the_task_dead_with_the_count(outcome: str)
 
 
 def test_a_redirect_is_a_new_attempt_through_the_frontier_that_spends_nothing() -> None:
-    decision = run("redirect", location="http://b.example/")
+    decision = run("redirect", location="http://B.example:80/a")
     assert (decision.action, decision.spend) == ("frontier", False)
+    assert (decision.next_url, decision.next_domain) == ("http://b.example/a", "b.example")
+
+
+def test_a_redirect_to_a_url_the_validator_refuses_is_dead_with_the_hop_named() -> None:
+    decision = decide(result("redirect", location="ftp://b.example/"), 0, [], POLICY, TIERS,
+                      redirects=2, url="http://a.example/x")
+    assert (decision.action, decision.reason, decision.spend, decision.next_url) == ("dead", "invalid_url", False, None)
+    assert decision.detail.startswith("redirect 3 from http://a.example/x: ")
+
+
+def test_one_redirect_past_the_limit_is_dead() -> None:
+    policy = Policy(max_redirects=2)
+    within = decide(result("redirect", location="http://b.example/"), 0, [], policy, TIERS, redirects=1)
+    past = decide(result("redirect", location="http://b.example/"), 0, [], policy, TIERS, redirects=2)
+    assert within.action == "frontier"
+    assert (past.action, past.reason, past.detail) == ("dead", "redirects", "more than 2 redirects")
 
 
 def test_a_policy_file_overrides_a_rule_and_adds_block_patterns(tmp_path: Path) -> None:
