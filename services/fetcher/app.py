@@ -50,6 +50,17 @@ class Fetcher(Service):
     name = "fetcher"
 
     async def start(self) -> None:
+        self.configure()
+        s = self.settings
+        self.rpc: RpcClient | None = await RpcClient(self.broker).start() if s.use_proxy_manager else None
+        await self.broker.consume(
+            self.broker.topology.fetch_ready, Task, self._on_task, stage="fetch", prefetch=s.concurrency
+        )
+        self._heartbeat = asyncio.create_task(self._beat())
+
+    def configure(self) -> None:
+        """Everything but the broker: the policy, the guard, the clients' table, the counters
+        (tests drive the handlers from here, with a broker that records what is published)."""
         s = self.settings
         self.instance = f"{socket.gethostname()}-{os.getpid()}"
         self.policy = load_policy(
@@ -75,11 +86,7 @@ class Fetcher(Service):
         self.busy = 0
         self._direct_until = 0.0  # monotonic time until which no pool is configured, as told
         self.lateness = Lateness()
-        self.rpc = await RpcClient(self.broker).start() if s.use_proxy_manager else None
-        await self.broker.consume(
-            self.broker.topology.fetch_ready, Task, self._on_task, stage="fetch", prefetch=s.concurrency
-        )
-        self._heartbeat = asyncio.create_task(self._beat())
+        self.rpc = None
 
     async def abandon(self) -> int:
         """Past the shutdown grace: cancel the fetches still running. Their handlers give the

@@ -253,11 +253,61 @@ class Governor(Service):
     uvloop = True
 
     async def start(self) -> None:
-        s = self.settings
-        self.id = governor_id()
         # Work left in an older topology's queues moves into this one first (one governor
         # does it; the others go on).
         await migrate(self.broker)
+        self.configure()
+        s = self.settings
+        topology = self.broker.topology
+        # Releases alternate between two connections of their own (measured,
+        # bench/governor_permits.py: with publishes pipelined on a channel, 2 and 16 connections
+        # give the same rate), not the one parks go out on: the broker confirms a channel's
+        # publishes in order, and a release behind a flood of parks (a long job's first pass
+        # through the frontier) kept its fetch slot waiting a second or more.
+        self.publishers = [
+            await Broker(self.settings, self.name).connect(declare=False) for _ in range(PUBLISH_CONNECTIONS)
+        ]
+        self._publisher = itertools.cycle(self.publishers)
+        self.events_queue = await self._listen_events()
+        await self._read_jobs()
+        await self._read_released_log()
+        self._loops = [
+            asyncio.create_task(self._poll_ready_depth()),
+            asyncio.create_task(self._tick()),
+            asyncio.create_task(self._report()),
+            asyncio.create_task(self._flush_releases_every(RELEASE_FLUSH)),
+            asyncio.create_task(self._dispatch()),
+        ]
+        # One channel per shard, each consumer with its window (prefetch is per consumer).
+        # All at once: a shard's window fills as soon as it is consumed, and one at a time the
+        # later shards' declarations would wait behind the first ones' deliveries.
+        self.shard_channels: list[AbstractChannel] = [
+            await self.broker.channel(prefetch=s.frontier_window) for _ in topology.shard_queues
+        ]
+        await asyncio.gather(
+            *(
+                self.broker.consume(
+                    spec, Task, self._on_task, stage="governor", channel=channel, max_crashes=SHARD_MAX_CRASHES
+                )
+                for spec, channel in zip(topology.shard_queues, self.shard_channels, strict=True)
+            )
+        )
+        await self.broker.consume(topology.unrouted, Task, self._on_unrouted, stage="governor", prefetch=64)
+        if any(job.state != "running" for job in self.jobs.values()):
+            self._sort_paused()
+        log.info(
+            "governor %s: %d shards, robots.txt %s",
+            self.id,
+            len(topology.shard_queues),
+            "respected" if self.core.robots is not None else "ignored",
+        )
+
+    def configure(self) -> None:
+        """Everything but the broker: the core (limits, buckets, robots.txt, the fleet's
+        capacity) and the dispatcher's state (tests drive the handlers from here, with a
+        broker that records what is published)."""
+        s = self.settings
+        self.id = governor_id()
         fetch_deadline = s.total_timeout + s.rpc_timeout + 5.0
         limits = Limits.load(
             rate=s.rate,
@@ -314,49 +364,6 @@ class Governor(Service):
         self._sort_again = False
         # task id -> newest incarnation, of tasks the storer's reconciler rescued (oldest first).
         self.incarnations: collections.OrderedDict[str, int] = collections.OrderedDict()
-        topology = self.broker.topology
-        # Releases alternate between two connections of their own (measured,
-        # bench/governor_permits.py: with publishes pipelined on a channel, 2 and 16 connections
-        # give the same rate), not the one parks go out on: the broker confirms a channel's
-        # publishes in order, and a release behind a flood of parks (a long job's first pass
-        # through the frontier) kept its fetch slot waiting a second or more.
-        self.publishers = [
-            await Broker(self.settings, self.name).connect(declare=False) for _ in range(PUBLISH_CONNECTIONS)
-        ]
-        self._publisher = itertools.cycle(self.publishers)
-        self.events_queue = await self._listen_events()
-        await self._read_jobs()
-        await self._read_released_log()
-        self._loops = [
-            asyncio.create_task(self._poll_ready_depth()),
-            asyncio.create_task(self._tick()),
-            asyncio.create_task(self._report()),
-            asyncio.create_task(self._flush_releases_every(RELEASE_FLUSH)),
-            asyncio.create_task(self._dispatch()),
-        ]
-        # One channel per shard, each consumer with its window (prefetch is per consumer).
-        # All at once: a shard's window fills as soon as it is consumed, and one at a time the
-        # later shards' declarations would wait behind the first ones' deliveries.
-        self.shard_channels: list[AbstractChannel] = [
-            await self.broker.channel(prefetch=s.frontier_window) for _ in topology.shard_queues
-        ]
-        await asyncio.gather(
-            *(
-                self.broker.consume(
-                    spec, Task, self._on_task, stage="governor", channel=channel, max_crashes=SHARD_MAX_CRASHES
-                )
-                for spec, channel in zip(topology.shard_queues, self.shard_channels, strict=True)
-            )
-        )
-        await self.broker.consume(topology.unrouted, Task, self._on_unrouted, stage="governor", prefetch=64)
-        if any(job.state != "running" for job in self.jobs.values()):
-            self._sort_paused()
-        log.info(
-            "governor %s: %d shards, robots.txt %s",
-            self.id,
-            len(topology.shard_queues),
-            "respected" if robots else "ignored",
-        )
 
     async def shutdown(self) -> None:
         # Closing the shard channels returns every held task at once (cancelling the

@@ -1,0 +1,76 @@
+"""The governor's wiring with a recording broker: a task taken from a shard is held, released
+into `fetch.ready` with its permit when the fleet has a free slot, and waits at the capacity
+gate while it has none, until an outcome frees one. The decisions themselves are the core's
+(tests/unit/test_governor_core.py, under a fake clock); here, that the handlers, the
+dispatcher and the publishes meet as they should."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+from collections.abc import AsyncIterator
+
+import pytest
+
+from hutch.models import Event, FetcherHeartbeat, Task
+from hutch.services.governor.app import Governor
+from hutch.settings import Settings
+from hutch.topology import FETCH_KEY, HEARTBEAT, outcome_key
+
+from .wiring import RecordingBroker, delivery, worker
+
+pytestmark = pytest.mark.timeout(30)
+
+
+@pytest.fixture
+async def governor() -> AsyncIterator[tuple[Governor, RecordingBroker]]:
+    g, broker = worker(Governor, Settings(namespace="wiring", rate=1000.0, respect_robots=False))
+    g._publisher = itertools.cycle([broker])  # type: ignore[assignment]  # releases go out here too
+    dispatching = asyncio.create_task(g._dispatch())
+    try:
+        yield g, broker
+    finally:
+        dispatching.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await dispatching
+
+
+def task(n: int, domain: str) -> Task:
+    return Task(id=f"t{n}", job="j", url=f"http://{domain}/{n}", domain=domain)
+
+
+def released(broker: RecordingBroker) -> list[Task]:
+    return [p.as_(Task) for p in broker.to(broker.topology.work) if p.routing_key == FETCH_KEY]
+
+
+async def heartbeat(g: Governor, slots: int) -> None:
+    beat = FetcherHeartbeat(fetcher="f1", concurrency=slots, busy=0)
+    await g._on_event(delivery(beat, routing_key=HEARTBEAT))
+
+
+async def test_a_task_from_a_shard_is_released_with_its_permit(governor: tuple[Governor, RecordingBroker]) -> None:
+    g, broker = governor
+    await heartbeat(g, 4)
+    await asyncio.wait_for(g._on_task(task(1, "a.example"), delivery()), 5)
+    (out,) = released(broker)
+    assert out.id == "t1" and out.permit is not None and out.permit.id.startswith(g.id)
+    assert out.permit.expires > out.permit.issued
+
+
+async def test_with_every_slot_in_use_a_task_waits_at_the_gate_until_an_outcome_frees_one(
+    governor: tuple[Governor, RecordingBroker],
+) -> None:
+    g, broker = governor
+    await heartbeat(g, 1)
+    await asyncio.wait_for(g._on_task(task(1, "a.example"), delivery()), 5)
+    (first,) = released(broker)
+    second = asyncio.create_task(g._on_task(task(2, "b.example"), delivery()))
+    await asyncio.sleep(0.3)  # several turns of the dispatcher: the fleet's one slot is taken
+    assert not second.done() and len(released(broker)) == 1
+    assert first.permit is not None
+    outcome = Event(kind="outcome", task_id="t1", job="j", domain="a.example", attempt=1, outcome="ok",
+                    permit_id=first.permit.id, next="parse")
+    await g._on_event(delivery(outcome, routing_key=outcome_key("a.example", proxied=False)))
+    await asyncio.wait_for(second, 5)
+    assert [t.id for t in released(broker)] == ["t1", "t2"]
