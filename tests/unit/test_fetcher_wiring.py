@@ -26,7 +26,8 @@ def fetcher() -> tuple[Fetcher, RecordingBroker]:
 
 def task(**fields: object) -> Task:
     permit = Permit(id="gov.1", issued=time.time(), expires=time.time() + 30)
-    values: dict[str, object] = {"id": "t1", "job": "j", "url": f"http://{DOMAIN}/a", "domain": DOMAIN, "permit": permit}
+    values: dict[str, object] = {"id": "t1", "job": "j", "url": f"http://{DOMAIN}/a", "domain": DOMAIN}
+    values["permit"] = permit
     values.update(fields)
     return Task(**values)  # type: ignore[arg-type]
 
