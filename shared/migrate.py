@@ -33,7 +33,7 @@ import aiormq
 from aiormq.abc import DeliveredMessage
 
 from hutch.admin import registered_domains
-from hutch.amqp import Broker, PublishFailed, copy_properties
+from hutch.amqp import Broker, PublishFailed, copy_properties, queue_depth
 from hutch.models import DecodeError, Task
 from hutch.topology import PREVIOUS_VERSIONS, Topology
 
@@ -171,11 +171,10 @@ async def _move(broker: Broker, queue: str, route: Route) -> int:
     """Move `queue`'s messages to `route(message)` = (exchange, key), then delete it if empty."""
     underlay = await broker.raw_channel()
     try:
-        try:
-            declared = await underlay.queue_declare(queue, passive=True)
-        except aiormq.exceptions.ChannelNotFoundEntity:
+        found = await queue_depth(underlay, queue)
+        if found is None:
             return 0  # no such queue: nothing to move
-        depth = declared.message_count or 0
+        depth = found[0]
         moved = 0
         while moved < depth:
             batch: list[DeliveredMessage] = []
@@ -201,8 +200,8 @@ async def _move(broker: Broker, queue: str, route: Route) -> int:
             for message in batch:
                 await underlay.basic_ack(message.delivery_tag or 0)
             moved += len(batch)
-        left = await underlay.queue_declare(queue, passive=True)
-        if not left.message_count:
+        left = await queue_depth(underlay, queue)
+        if left is not None and left[0] == 0:
             await underlay.queue_delete(queue)
         return moved
     finally:

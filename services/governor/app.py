@@ -611,9 +611,10 @@ class Governor(Service):
             self._sort_again = False
             channel = await self.broker.raw_channel()
             try:
-                declared = await channel.queue_declare(topology.paused, passive=True)
-                depth = declared.message_count or 0
-                for _ in range(depth):
+                found = await queue_depth(channel, topology.paused)
+                if found is None:
+                    raise ConnectionError("the paused queue could not be read")
+                for _ in range(found[0]):
                     got = await channel.basic_get(topology.paused, no_ack=False)
                     if got.delivery_tag is None:
                         break

@@ -7,7 +7,8 @@ import datetime
 import pytest
 from pamqp.commands import Basic
 
-from hutch.amqp import CRASHES, FAILURES, INFRA_BACKOFF_MAX, _count, copy_properties, infra_backoff
+from hutch.amqp import CRASHES, FAILURES, INFRA_BACKOFF_MAX, copy_properties, infra_backoff
+from hutch.amqp.consumer import _count
 
 
 @pytest.mark.parametrize(

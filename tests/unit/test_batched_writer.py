@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from hutch.amqp import _BatchedWriter
+from hutch.amqp.transport import _BatchedWriter
 
 
 class FakeWriter:

@@ -1,39 +1,6 @@
-"""Hutch's one thin AMQP layer, on aio-pika: connect, declare, publish, consume, RPC.
+"""The AMQP layer's broker: connect, declare, publish with confirms, and consume by Hutch's rules.
 
-Three rules live here so no service has to remember them:
-
-- Publishing goes through `Broker.publish` only: publisher confirms, `mandatory`, a
-  timeout, a unique `message_id`, trace context in the headers; a nack, a return or a
-  timeout raises `PublishFailed`. A caller that gets no exception knows the broker has it.
-- Handlers never ack. `Broker.consume` wraps a handler: it decodes the body into its model
-  (inflated first when its `content_encoding` says it was compressed, see `hutch.compression`;
-  undecodable, over-size or of an unknown encoding -> dead letter with reason `decode`), runs
-  the handler inside a consumer span, and then acks when it returns and dead-letters on
-  `Dead`. The handler publishes what it produced before it returns, so a message is acked
-  only after its successors are confirmed (at-least-once).
-- Every message ends, whatever fails. Two counts travel in its headers, because `redelivered`
-  says only that some consumer once held it, not how often:
-  - `x-hutch-crashes`: a delivery flagged `redelivered` means a consumer died holding it (or
-    its channel closed). A process killed by a message cannot count anything itself, so the
-    next consumer republishes the message with the count raised, acks the redelivery and
-    lets the fresh copy be handled; at `max_crashes` it is dead (`crashed`) with its stage.
-  - `x-hutch-failures`: an exception from the handler (an error that belongs to the message)
-    republishes it with the count raised; at `max_failures` it is dead (`error`).
-  Both republish and ack instead of nack-requeue, so `redelivered` keeps its meaning. A dead
-  Page keeps its page, so a replay re-parses without a re-fetch.
-- Errors of the infrastructure (`Requeue`, a failed publish, a lost channel) spend nothing:
-  the message waits a short backoff (growing with each such error in a row on that
-  consumer, at most `INFRA_BACKOFF_MAX`) and is republished with its counts unchanged. When
-  even that publish fails the message is nack-requeued, and the broker's redelivery then
-  counts as one crash: one reason `max_crashes` is more than 1.
-- Connections are robust: after a broker restart aio-pika reopens channels and redeclares
-  every exchange, queue and binding declared through them, and each consumer subscribes again
-  on the reopened channel.
-
-The hot path sits on aiormq, the library under aio-pika, where aio-pika's conveniences cost
-more than the work: publishes build their properties and pipeline on the channel, consumers
-subscribe on the channel and get a small `Delivery`, and every connection writes the frames of
-one loop iteration with one `send`. Measured in docs/benchmarks.md (permits per second).
+The rules are in the package's docstring (`hutch.amqp`).
 """
 
 from __future__ import annotations
@@ -44,28 +11,23 @@ import datetime
 import logging
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
-import aio_pika
 import aiormq
 from aio_pika.abc import (
     AbstractChannel,
-    AbstractIncomingMessage,
     AbstractQueue,
-    AbstractRobustChannel,
     AbstractRobustConnection,
-    ConnectionParameter,
 )
 from aio_pika.exceptions import AMQPError, DeliveryError, PublishError
-from aiormq.abc import DeliveredMessage
-from aiormq.connection import TCPTransportFactory
 from opentelemetry import trace
 from pamqp.commands import Basic
 from pydantic import BaseModel
 from yarl import URL
 
 from hutch import telemetry
+from hutch.amqp.consumer import Consumer, Delivery, Handler, _Consuming
+from hutch.amqp.transport import _BatchingTCP, _Connection
 from hutch.compression import pack, unpack
 from hutch.models import DeadLetter, DecodeError, Model, Page, Task, decode, encode
 from hutch.settings import Settings
@@ -74,25 +36,15 @@ from hutch.topology import QueueSpec, Topology
 log = logging.getLogger(__name__)
 M = TypeVar("M", bound=BaseModel)
 
-CRASHES = "x-hutch-crashes"  # header: times a consumer died holding this message
-FAILURES = "x-hutch-failures"  # header: times a handler raised on this message
+
 INFRA_BACKOFF_FIRST = 0.25  # seconds before the first republish after an infrastructure error
 INFRA_BACKOFF_MAX = 5.0  # seconds, at most, however many errors in a row
-# x-death headers tell the history of broker dead-lettering (delay tiers); a republish is a new
-# message, and the attempt count lives in the body, so they are dropped (their format also
-# changed across RabbitMQ 3.13 and 4.x).
-_DEATH_HEADERS = ("x-death", "x-first-death-", "x-last-death-")
 
 
 def infra_backoff(errors_in_a_row: int) -> float:
     """Seconds to wait before returning a message after this many infrastructure errors in a row."""
     doublings = min(max(errors_in_a_row - 1, 0), 16)
     return min(INFRA_BACKOFF_FIRST * float(1 << doublings), INFRA_BACKOFF_MAX)
-
-
-def _count(value: object) -> int:
-    """A count header as an int; anything else (absent, forged, wrong type) is 0."""
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
 class PublishFailed(Exception):
@@ -124,9 +76,6 @@ class Requeue(Exception):
     def __init__(self, why: str = "", *, backoff: bool = True) -> None:
         super().__init__(why)
         self.backoff = backoff
-
-
-Handler = Callable[[M, "Delivery"], Awaitable[None]]
 
 
 def task_id_of(body: object) -> str | None:
@@ -163,232 +112,23 @@ async def declare_queue(channel: AbstractChannel, spec: QueueSpec) -> AbstractQu
     return queue
 
 
-class _BatchedWriter:
-    """A stream writer that sends everything written in one loop iteration with one `send`.
-
-    aiormq writes each frame on its own, and with TCP_NODELAY each becomes a segment the broker
-    reads on its own: a busy governor sent ~30,000 segments a second. Gathering the frames of
-    one loop iteration (publishes, acks, confirms asked for by many tasks) into one write
-    spares a system call per frame here and a read per frame at the broker. Order is kept;
-    `drain`, `write_eof` and `close` send what is gathered first.
-    """
-
-    def __init__(self, writer: asyncio.StreamWriter) -> None:
-        self._writer = writer
-        self._pending: list[bytes] = []
-        self._loop = asyncio.get_running_loop()
-
-    def write(self, data: bytes) -> None:
-        if not self._pending:
-            self._loop.call_soon(self._flush)
-        self._pending.append(data)
-
-    def _flush(self) -> None:
-        if not self._pending:
-            return
-        data = b"".join(self._pending)
-        self._pending.clear()
-        if not self._writer.is_closing():
-            self._writer.write(data)
-
-    async def drain(self) -> None:
-        self._flush()
-        await self._writer.drain()
-
-    def write_eof(self) -> None:
-        self._flush()
-        self._writer.write_eof()
-
-    def close(self) -> None:
-        self._flush()
-        self._writer.close()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._writer, name)
-
-
-class _BatchingTCP(TCPTransportFactory):
-    async def create(self, url: Any, **kwargs: Any) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        reader, writer = await super().create(url, **kwargs)
-        return reader, cast(asyncio.StreamWriter, _BatchedWriter(writer))
-
-
-class _Connection(aio_pika.RobustConnection):
-    """aio-pika's robust connection, letting a transport factory through to aiormq."""
-
-    PARAMETERS = (
-        *aio_pika.RobustConnection.PARAMETERS,
-        ConnectionParameter(name="transport_factory", parser=lambda value: value, is_kwarg=True),
-    )
-
-
-class Delivery:
-    """One message as a handler sees it; the layer settles it (handlers never ack).
-
-    Consumed on aiormq's channel under aio-pika: aio-pika's own consumer builds a message
-    object and starts a second task for every delivery, which was a tenth of the governor's
-    time at 2,000 permits a second (bench/governor_permits.py).
-    """
-
-    __slots__ = ("_channel", "_tag", "body", "crashes", "failures", "properties", "redelivered", "routing_key")
-
-    def __init__(self, message: DeliveredMessage, channel: aiormq.abc.AbstractChannel) -> None:
-        delivery = message.delivery
-        assert isinstance(delivery, Basic.Deliver)
-        self._channel = channel
-        self._tag = delivery.delivery_tag or 0
-        self.body = message.body
-        self.properties = message.header.properties
-        self.redelivered = bool(delivery.redelivered)
-        self.routing_key = delivery.routing_key
-        headers = self.properties.headers
-        # How often this message crashed a consumer, and made a handler raise (at this stage).
-        self.crashes = _count(headers.get(CRASHES)) if headers else 0
-        self.failures = _count(headers.get(FAILURES)) if headers else 0
-
-    @property
-    def headers(self) -> dict[str, Any]:
-        return self.properties.headers or {}
-
-    @property
-    def message_id(self) -> str | None:
-        return self.properties.message_id
-
-    @property
-    def content_encoding(self) -> str | None:
-        return self.properties.content_encoding
-
-    @property
-    def reply_to(self) -> str | None:
-        return self.properties.reply_to
-
-    @property
-    def correlation_id(self) -> str | None:
-        return self.properties.correlation_id
-
-    # Settling asks for no drain (`wait=False`): an ack has no answer to wait for, and a drain
-    # per ack would flush the socket once per message instead of once per loop iteration.
-    async def ack(self) -> None:
-        await cast(aiormq.Channel, self._channel).basic_ack(self._tag, wait=False)
-
-    async def nack(self, requeue: bool = True) -> None:
-        await cast(aiormq.Channel, self._channel).basic_nack(self._tag, requeue=requeue, wait=False)
-
-    @property
-    def channel_closed(self) -> bool:
-        """The channel it came on is gone: the broker has requeued it already."""
-        return bool(self._channel.is_closed)
-
-    def properties_with(self, crashes: int, failures: int) -> Basic.Properties:
-        """Its properties for a republish, with these counts."""
-        return copy_properties(self.properties, {CRASHES: crashes, FAILURES: failures})
-
-
-def copy_properties(p: Basic.Properties, headers: dict[str, Any] | None = None) -> Basic.Properties:
-    """A received message's properties for publishing it again: `headers` set, broker
-    dead-letter history dropped, everything else (message id, timestamp, trace) kept."""
-    kept = {k: v for k, v in (p.headers or {}).items() if not k.startswith(_DEATH_HEADERS)}
-    kept.update(headers or {})
-    # No user_id: the broker checks it against the republishing connection's user.
-    return Basic.Properties(
-        content_type=p.content_type,
-        content_encoding=p.content_encoding,
-        headers=kept,
-        delivery_mode=p.delivery_mode,
-        priority=p.priority,
-        correlation_id=p.correlation_id,
-        reply_to=p.reply_to,
-        expiration=p.expiration,
-        message_id=p.message_id,
-        timestamp=p.timestamp,
-        message_type=p.message_type,
-        app_id=p.app_id,
-    )
-
-
-@dataclass
-class _Consuming:
-    """What the layer needs to settle one consumer's messages, and its infrastructure streak."""
-
-    queue: str
-    stage: str
-    model: type[BaseModel]
-    handler: Handler[Any]
-    dead_letter: bool
-    max_crashes: int
-    max_failures: int
-    infra_errors: int = 0  # in a row; a handled message resets it
-
-
-class Consumer:
-    """A running consumer: cancel it to stop taking messages; in-flight ones finish.
-
-    It lives on a robust channel: when aio-pika reopens the channel after a reconnect (and has
-    declared the queue again), the consumer subscribes again, unless it was cancelled.
-    """
-
-    def __init__(
-        self,
-        channel: AbstractChannel,
-        queue: str,
-        on_message: Callable[[Delivery], Awaitable[None]],
-        arguments: dict[str, Any] | None = None,
-        *,
-        no_ack: bool = False,
-    ) -> None:
-        self.channel = channel
-        self.queue = queue
-        self.tag = ""
-        self.cancelled = False
-        self._on_message = on_message
-        self._arguments = arguments
-        self._no_ack = no_ack
-        self._underlay: aiormq.abc.AbstractChannel | None = None
-
-    async def start(self) -> Consumer:
-        """Subscribe now, and again each time aio-pika reopens the channel."""
-        await self.subscribe()
-        if isinstance(self.channel, AbstractRobustChannel):
-            self.channel.reopen_callbacks.add(self.subscribe)
-        return self
-
-    async def subscribe(self, *_: Any) -> None:
-        if self.cancelled:
-            return
-        underlay = await self.channel.get_underlay_channel()
-
-        async def deliver(message: DeliveredMessage) -> None:
-            await self._on_message(Delivery(message, underlay))
-
-        ok = await underlay.basic_consume(self.queue, deliver, arguments=self._arguments, no_ack=self._no_ack)
-        self.tag, self._underlay = ok.consumer_tag or "", underlay
-
-    async def cancel(self) -> None:
-        if self.cancelled:
-            return
-        self.cancelled = True
-        if isinstance(self.channel, AbstractRobustChannel):
-            self.channel.reopen_callbacks.discard(self.subscribe)
-        if self._underlay is not None:
-            with contextlib.suppress(Exception):
-                await self._underlay.basic_cancel(self.tag)
-
-
-async def queue_depth(channel: AbstractChannel, queue: str) -> tuple[int, int] | None:
+async def queue_depth(
+    channel: AbstractChannel | aiormq.abc.AbstractChannel, queue: str
+) -> tuple[int, int] | None:
     """(ready messages, consumers) of `queue` by a passive declare; None if it cannot be seen.
 
-    The one depth reader. A failed passive declare closes `channel`: a caller that goes on
-    reading opens another (`channel.is_closed`).
+    The one depth reader, on an aio-pika channel or a raw one (`Broker.raw_channel`). The
+    declare goes on the channel underneath, so a robust channel does not keep the queue to
+    redeclare after a reconnect. A failed passive declare closes the channel: a caller that
+    goes on reading opens another (`channel.is_closed`).
     """
     try:
-        # robust=False: a robust channel would otherwise keep the queue and redeclare it after
-        # a reconnect (the abstract type does not list the argument; the robust channel has it).
-        declared = await channel.declare_queue(queue, passive=True, robust=False)  # type: ignore[call-arg]
+        underlay = await channel.get_underlay_channel() if isinstance(channel, AbstractChannel) else channel
+        declared = await underlay.queue_declare(queue, passive=True)
     except Exception as exc:
         log.debug("depth of %s unknown: %s", queue, exc)
         return None
-    result = declared.declaration_result
-    return result.message_count or 0, result.consumer_count or 0
+    return declared.message_count or 0, declared.consumer_count or 0
 
 
 class Broker:
@@ -836,73 +576,3 @@ class Broker:
                 await message.nack(requeue=requeue)
         except Exception as exc:  # channel gone: the broker will redeliver the message
             log.debug("could not settle message: %s", exc)
-
-
-class RpcClient:
-    """Request/response over AMQP with JSON bodies, many calls in flight at once.
-
-    Replies come to an exclusive queue this client names itself (so a robust reconnect can
-    redeclare it under the same name) and are matched by correlation id.
-    """
-
-    def __init__(self, broker: Broker) -> None:
-        self.broker = broker
-        self._pending: dict[str, asyncio.Future[AbstractIncomingMessage]] = {}
-        self._reply_queue = f"{broker.topology.prefix}rpc.reply.{broker.name}.{uuid.uuid4().hex[:12]}"
-
-    async def start(self) -> RpcClient:
-        channel = await self.broker.channel()
-        queue = await channel.declare_queue(self._reply_queue, exclusive=True, auto_delete=True)
-        await queue.consume(self._on_reply, no_ack=True)
-        return self
-
-    async def _on_reply(self, message: AbstractIncomingMessage) -> None:
-        future = self._pending.pop(message.correlation_id or "", None)
-        if future is not None and not future.done():
-            future.set_result(message)
-
-    async def call(self, queue: str, request: Model, response: type[M], timeout: float) -> M:
-        """Send `request` to `queue` and wait up to `timeout` for the answer."""
-        correlation_id = uuid.uuid4().hex
-        future: asyncio.Future[AbstractIncomingMessage] = asyncio.get_running_loop().create_future()
-        self._pending[correlation_id] = future
-        try:
-            await self.broker.publish(
-                "",
-                queue,
-                request,
-                reply_to=self._reply_queue,
-                correlation_id=correlation_id,
-                expiration=timeout,
-                persistent=False,
-            )
-            reply = await asyncio.wait_for(future, timeout)
-        finally:
-            self._pending.pop(correlation_id, None)
-        return self.broker.decode(reply.body, reply.content_encoding, response)
-
-
-async def serve_rpc(
-    broker: Broker,
-    queue: str,
-    request_model: type[M],
-    answer: Callable[[M], Awaitable[Model]],
-    *,
-    prefetch: int = 64,
-) -> Consumer:
-    """Answer requests on `queue` with `answer(request)`, replying to each `reply_to`."""
-
-    async def handler(request: M, message: Delivery) -> None:
-        result = await answer(request)
-        if message.reply_to:
-            # Not mandatory: a caller that timed out and left has nothing to return to.
-            await broker.publish(
-                "",
-                message.reply_to,
-                result,
-                mandatory=False,
-                correlation_id=message.correlation_id,
-                persistent=False,
-            )
-
-    return await broker.consume(queue, request_model, handler, stage="rpc", prefetch=prefetch)
