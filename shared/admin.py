@@ -11,9 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from aio_pika.abc import AbstractIncomingMessage
-
-from hutch.amqp import Broker
+from hutch.amqp import Broker, Delivery
 from hutch.models import DecodeError, DomainRecord
 from hutch.settings import Settings
 
@@ -26,13 +24,12 @@ async def registered_domains(broker: Broker, idle: float = 0.5, stream: str | No
         queue = await channel.declare_queue(stream or broker.topology.domains, passive=True)
         seen = asyncio.Event()
 
-        async def on_record(message: AbstractIncomingMessage) -> None:
+        async def on_record(message: Delivery) -> None:
             with contextlib.suppress(DecodeError):
                 found.add(broker.decode(message.body, message.content_encoding, DomainRecord).domain)
-            await message.ack()
             seen.set()
 
-        await queue.consume(on_record, arguments={"x-stream-offset": "first"})
+        await broker.listen(channel, queue.name, on_record, arguments={"x-stream-offset": "first"}, ack=True)
         while True:
             seen.clear()
             try:

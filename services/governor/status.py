@@ -25,9 +25,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from aio_pika.abc import AbstractIncomingMessage
-
-from hutch.amqp import Broker, PublishFailed, queue_depth
+from hutch.amqp import Broker, Delivery, PublishFailed, queue_depth
 from hutch.models import MAX_TOP, DecodeError, GovernorStatus, StatusRequest
 from hutch.topology import STATUS
 
@@ -74,16 +72,16 @@ async def ask_governors(
     first = asyncio.Event()
     correlation_id = uuid.uuid4().hex
     try:
-        queue = await channel.declare_queue("", exclusive=True, auto_delete=True)
+        queue = await channel.declare_queue("", exclusive=True, auto_delete=True)  # named by the broker
 
-        async def on_answer(message: AbstractIncomingMessage) -> None:
+        async def on_answer(message: Delivery) -> None:
             if message.correlation_id != correlation_id:
                 return
             with contextlib.suppress(DecodeError):
                 answers.append(broker.decode(message.body, message.content_encoding, GovernorStatus))
                 first.set()
 
-        await queue.consume(on_answer, no_ack=True)
+        await broker.listen(channel, queue.name, on_answer)
         try:
             await broker.publish(
                 broker.topology.events,

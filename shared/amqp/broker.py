@@ -404,15 +404,33 @@ class Broker:
         return consumer
 
     async def listen(
-        self, channel: AbstractChannel, queue: str, handler: Callable[[Delivery], Awaitable[None]]
+        self,
+        channel: AbstractChannel,
+        queue: str,
+        handler: Callable[[Delivery], Awaitable[None]],
+        *,
+        arguments: dict[str, Any] | None = None,
+        ack: bool = False,
     ) -> Consumer:
-        """Consume `queue` without acks, for event streams.
+        """Consume `queue` as it comes, for replies and event streams.
 
         For a consumer whose state is all in memory and rebuilt from events (the governor's
-        own events queue): no model, no span, no settling. `queue` must have been declared on
+        own events queue, an RPC client's replies, the answers to a status request): no
+        model, no span, no dead letters; the handler decodes what it wants and drops the
+        rest. Without acks, unless `ack` (a RabbitMQ stream takes none other): then the layer
+        acks each message once its handler returned. `queue` must have been declared on
         `channel`, so that a reconnect restores it before the consumer subscribes again.
         """
-        return await Consumer(channel, queue, handler, no_ack=True).start()
+        if not ack:
+            return await Consumer(channel, queue, handler, arguments, no_ack=True).start()
+
+        async def settled(message: Delivery) -> None:
+            try:
+                await handler(message)
+            finally:
+                await self._settle(message)
+
+        return await Consumer(channel, queue, settled, arguments).start()
 
     async def _handle(self, message: Delivery, how: _Consuming) -> None:
         if not telemetry.enabled():

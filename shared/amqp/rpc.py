@@ -10,12 +10,12 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from aio_pika.abc import AbstractIncomingMessage
 from pydantic import BaseModel
 
-from hutch.amqp.broker import Broker
+from hutch.amqp.broker import Broker, declare_queue
 from hutch.amqp.consumer import Consumer, Delivery
 from hutch.models import Model
+from hutch.topology import QueueSpec
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -29,16 +29,16 @@ class RpcClient:
 
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
-        self._pending: dict[str, asyncio.Future[AbstractIncomingMessage]] = {}
+        self._pending: dict[str, asyncio.Future[Delivery]] = {}
         self._reply_queue = f"{broker.topology.prefix}rpc.reply.{broker.name}.{uuid.uuid4().hex[:12]}"
 
     async def start(self) -> RpcClient:
         channel = await self.broker.channel()
-        queue = await channel.declare_queue(self._reply_queue, exclusive=True, auto_delete=True)
-        await queue.consume(self._on_reply, no_ack=True)
+        await declare_queue(channel, QueueSpec(self._reply_queue, exclusive=True))
+        await self.broker.listen(channel, self._reply_queue, self._on_reply)
         return self
 
-    async def _on_reply(self, message: AbstractIncomingMessage) -> None:
+    async def _on_reply(self, message: Delivery) -> None:
         future = self._pending.pop(message.correlation_id or "", None)
         if future is not None and not future.done():
             future.set_result(message)
@@ -46,7 +46,7 @@ class RpcClient:
     async def call(self, queue: str, request: Model, response: type[M], timeout: float) -> M:
         """Send `request` to `queue` and wait up to `timeout` for the answer."""
         correlation_id = uuid.uuid4().hex
-        future: asyncio.Future[AbstractIncomingMessage] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[Delivery] = asyncio.get_running_loop().create_future()
         self._pending[correlation_id] = future
         try:
             await self.broker.publish(
