@@ -22,65 +22,24 @@ BUNDLED = Path(publicsuffixlist.__file__).with_name("public_suffix_list.dat")
 
 
 class PublicSuffixList:
+    """The registrable domain of a host, by the `publicsuffixlist` package's own matcher
+    (`privatesuffix`: rules, wildcards and exceptions, Unicode and IDNA forms alike)."""
+
     def __init__(self, lines: Iterable[str]) -> None:
-        self.rules: set[str] = set()
-        self.wildcards: set[str] = set()  # "*.ck" is kept as "ck"
-        self.exceptions: set[str] = set()  # "!www.ck" is kept as "www.ck"
-        for raw in lines:
-            line = raw.strip().split()[0] if raw.strip() else ""
-            if not line or line.startswith("//"):
-                continue
-            for rule in _forms(line.lower()):
-                if rule.startswith("!"):
-                    self.exceptions.add(rule[1:])
-                elif rule.startswith("*."):
-                    self.wildcards.add(rule[2:])
-                else:
-                    self.rules.add(rule)
+        self._list = publicsuffixlist.PublicSuffixList(lines)
 
     @classmethod
     def load(cls, path: Path | None = None) -> PublicSuffixList:
         with (path or BUNDLED).open(encoding="utf-8") as handle:
-            return cls(handle)
-
-    def suffix_labels(self, labels: list[str]) -> int:
-        """How many trailing labels of a host form its public suffix (at least 1)."""
-        n = len(labels)
-        for i in range(n):
-            candidate = ".".join(labels[i:])
-            if candidate in self.exceptions:
-                return n - i - 1
-            if candidate in self.rules or (i + 1 < n and ".".join(labels[i + 1 :]) in self.wildcards):
-                return n - i
-        return 1
+            return cls(handle.read().splitlines())
 
     def registrable(self, host: str) -> str:
-        """`example.co.uk` for `a.b.example.co.uk`; the host itself when it has no such part."""
+        """`example.co.uk` for `a.b.example.co.uk`; the host itself when it has no such part
+        (an IP address, a public suffix)."""
         host = host.lower().rstrip(".")
         if _is_ip(host):
             return host
-        labels = host.split(".")
-        suffix = self.suffix_labels(labels)
-        if len(labels) <= suffix:
-            return host
-        return ".".join(labels[-(suffix + 1) :])
-
-
-def _forms(rule: str) -> set[str]:
-    """A rule as written (Unicode) and IDNA-encoded, since domain keys are IDNA."""
-    forms = {rule}
-    prefix = ""
-    body = rule
-    if body.startswith("!"):
-        prefix, body = "!", body[1:]
-    if body.startswith("*."):
-        prefix, body = prefix + "*.", body[2:]
-    if not body.isascii():
-        try:
-            forms.add(prefix + body.encode("idna").decode("ascii"))
-        except UnicodeError:
-            pass
-    return forms
+        return self._list.privatesuffix(host) or host
 
 
 def _is_ip(host: str) -> bool:
