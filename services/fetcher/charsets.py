@@ -1,24 +1,27 @@
-"""Turning response bytes into text: the declared charset, else the page's own, else a guess.
+"""Turning response bytes into text as a browser would, with w3lib's encoding helpers.
 
-Order: a byte-order mark; the charset of the Content-Type header; a `<meta charset>` or
-`<meta http-equiv=Content-Type>` in the first 4 KiB; UTF-8 when the bytes are valid UTF-8;
-charset detection; UTF-8 with replacement as the last resort. A declared charset that Python
-does not know, or a codec that is not a text encoding (base64, zlib), is skipped.
+In the order of w3lib's `html_to_unicode` (w3lib is installed with parsel): a byte-order
+mark, then the Content-Type header's charset, then a `<meta charset>` or `<meta
+http-equiv=Content-Type>`, each name mapped as browsers map it (a declared `latin-1` or
+`ascii` is read as windows-1252, `shift_jis` as cp932). A declared charset that Python does
+not know, or a codec that is not a text encoding (base64, uu, idna), is passed over.
+
+An undeclared page is UTF-8 when its bytes are valid UTF-8. Otherwise charset-normalizer
+guesses; a single-byte guess gives way to windows-1252, the browsers' default for undeclared
+Western pages (a short French page is otherwise often guessed as cp1250, and è comes out as
+č), while a multi-byte guess (Shift-JIS, GB 18030...) stands. UTF-8 with replacement is the
+last resort.
 """
 
 from __future__ import annotations
 
 import codecs
-import re
+from functools import lru_cache
 
 from charset_normalizer import from_bytes
+from w3lib.encoding import html_body_declared_encoding, http_content_type_encoding, read_bom, to_unicode
 
-_META = re.compile(rb"""<meta[^>]+charset\s*=\s*["']?\s*([A-Za-z0-9_\-:.]+)""", re.IGNORECASE)
-_BOMS = (
-    (codecs.BOM_UTF8, "utf-8-sig"),
-    (codecs.BOM_UTF16_LE, "utf-16"),
-    (codecs.BOM_UTF16_BE, "utf-16"),
-)
+WESTERN = "cp1252"
 
 
 def _known(name: str | None) -> str | None:
@@ -33,6 +36,7 @@ def _known(name: str | None) -> str | None:
 
 
 def declared_charset(content_type: str | None) -> str | None:
+    """The charset the Content-Type header declares, when Python knows it as a text encoding."""
     if not content_type:
         return None
     for part in content_type.split(";")[1:]:
@@ -42,34 +46,50 @@ def declared_charset(content_type: str | None) -> str | None:
     return None
 
 
-def _decode(body: bytes, charset: str) -> str | None:
+@lru_cache(maxsize=64)
+def _single_byte(charset: str) -> bool:
+    """Every byte one character: a Western, Cyrillic, Greek... code page, not a multi-byte one."""
     try:
-        return body.decode(charset, "replace")
-    except (LookupError, UnicodeError):  # e.g. idna, which has no "replace" handler
-        return None
+        return len(bytes(range(0x80, 0x100)).decode(charset, "replace")) == 0x80
+    except (LookupError, UnicodeError):
+        return False
 
 
-def decode_body(body: bytes, content_type: str | None) -> tuple[str, str]:
-    """Return (text, charset used)."""
-    for bom, name in _BOMS:
-        if body.startswith(bom):
-            return body.decode(name, "replace"), name
-    declared = declared_charset(content_type)
-    if declared is None:
-        match = _META.search(body[:4096])
-        declared = _known(match.group(1).decode("ascii", "ignore")) if match else None
-    if declared is not None:
-        text = _decode(body, declared)
-        if text is not None:
-            return text, declared
+def _guess(body: bytes) -> str | None:
+    """The encoding of an undeclared body (w3lib's `auto_detect_fun`)."""
     try:
-        return body.decode("utf-8"), "utf-8"
+        body.decode("utf-8")
+        return "utf-8"
     except UnicodeDecodeError:
         pass
     best = from_bytes(body[:65536]).best()
     guessed = _known(best.encoding) if best is not None else None
-    if guessed is not None:
-        text = _decode(body, guessed)
+    if guessed is not None and _single_byte(guessed):
+        return WESTERN
+    return guessed
+
+
+def decode_body(body: bytes, content_type: str | None) -> tuple[str, str]:
+    """Return (text, charset used)."""
+    bom_charset, bom = read_bom(body)
+    if bom_charset is not None and bom is not None:
+        return to_unicode(body[len(bom) :], bom_charset), bom_charset
+    for declared in (http_content_type_encoding(content_type), html_body_declared_encoding(body)):
+        text = _decoded(body, declared)
         if text is not None:
-            return text, guessed
+            return text, str(declared)
+    guessed = _guess(body)
+    text = _decoded(body, guessed)
+    if text is not None:
+        return text, str(guessed)
     return body.decode("utf-8", "replace"), "utf-8"
+
+
+def _decoded(body: bytes, charset: str | None) -> str | None:
+    """`body` read as `charset`, or None when that is no text encoding Python can use."""
+    if _known(charset) is None:
+        return None
+    try:
+        return to_unicode(body, str(charset))
+    except (LookupError, UnicodeError):  # idna, say, has no "replace" handler
+        return None
