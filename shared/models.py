@@ -20,7 +20,27 @@ SCHEMA_VERSION = 1
 
 
 class Model(BaseModel):
+    """A message on the wire. What the AMQP layer asks of every message it consumes is here:
+    which task it is about, and the letter it becomes when it is finished for good."""
+
     model_config = ConfigDict(extra="forbid")
+
+    def subject(self) -> str | None:
+        """The id of the task this message is about (span attributes, logs); None when none."""
+        task = getattr(self, "task", None)
+        if isinstance(task, Model):
+            return task.subject()
+        found = getattr(self, "task_id", None)
+        return found if isinstance(found, str) else None
+
+    def dead_letter(self, stage: str, reason: str, detail: str = "", queue: str | None = None) -> DeadLetter:
+        """This message finished for good at `stage`, as the dead exchange takes it."""
+        return DeadLetter.of(stage, reason, detail, about=self, queue=queue)
+
+    @staticmethod
+    def undecodable_letter(stage: str, reason: str, detail: str, raw: bytes, queue: str | None = None) -> DeadLetter:
+        """The letter of a body that is no message at all: kept raw."""
+        return DeadLetter.of(stage, reason, detail, raw=raw, queue=queue)
 
 
 class DecodeError(ValueError):
@@ -133,6 +153,9 @@ class Task(Model):
     # leaves two live copies.
     incarnation: int = 0
 
+    def subject(self) -> str | None:
+        return self.id
+
 
 class Page(Model):
     """A fetched page on its way to the parser."""
@@ -171,6 +194,36 @@ class DeadLetter(Model):
     page: Page | None = None  # a page that failed to parse: replayed to the parser, not refetched
     raw: str | None = None
     queue: str | None = None
+
+    @classmethod
+    def of(
+        cls,
+        stage: str,
+        reason: str,
+        detail: str = "",
+        *,
+        about: Model | None = None,
+        raw: bytes | None = None,
+        queue: str | None = None,
+    ) -> DeadLetter:
+        """The letter of `about` (a task, a page, or any message carrying a task), or of a raw
+        body. A page keeps its page, so a replay re-parses without a re-fetch; what carries no
+        task is kept as its JSON."""
+        page = about if isinstance(about, Page) else None
+        task = about if isinstance(about, Task) else getattr(about, "task", None)
+        if not isinstance(task, Task):
+            task = None
+        if task is None and raw is None and about is not None:
+            raw = encode(about)
+        return cls(
+            stage=stage,
+            reason=reason,
+            detail=detail[:2000],
+            task=task,
+            page=page,
+            raw=raw.decode("utf-8", "replace")[:65536] if raw is not None and task is None else None,
+            queue=queue,
+        )
 
 
 class Event(Model):

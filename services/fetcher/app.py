@@ -288,7 +288,7 @@ class Fetcher(Service):
         task = task.model_copy(update={"permit": None, "history": [*task.history, record]})
         if waits + 1 >= self.settings.max_proxy_waits:
             detail = f"no usable proxy after {waits + 1} waits"
-            await self.broker.publish_dead("fetch", "no_proxy", detail, task=task)
+            await self.broker.publish_dead(task.dead_letter("fetch", "no_proxy", detail))
             await self._event(task, "no_proxy", "dead")
             return
         await self.broker.publish(topology.tier_exchange(delay), topology.shard_key(task.domain), task)
@@ -355,7 +355,7 @@ class Fetcher(Service):
         elif action == "frontier":
             await self.broker.publish(topology.frontier, topology.shard_key(task.domain), task)
         else:
-            await self.broker.publish_dead("fetch", reason, detail, task=task)
+            await self.broker.publish_dead(task.dead_letter("fetch", reason, detail))
         await self._event(
             task,
             reason,

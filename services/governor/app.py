@@ -744,7 +744,7 @@ class Governor(Service):
         state or its domain's backlog sends it."""
         state = self._job(task.job).state
         if state == "cancelled":
-            raise Dead("cancelled", f"job {task.job} was cancelled", task)
+            raise Dead("cancelled", f"job {task.job} was cancelled", about=task)
         if state == "paused":
             await self._to_paused(task)
             return False
@@ -762,7 +762,7 @@ class Governor(Service):
         elif action == "paused":
             await self._to_paused(task)
         elif action == "dead":
-            raise Dead(value[0], value[1], task)
+            raise Dead(value[0], value[1], about=task)
         elif action == "return":
             raise Requeue(str(value), backoff=False)
 

@@ -39,7 +39,7 @@ class Parser(Service):
         try:
             fields = await self.pool.extract(page.text, page.final_url, page.status, page.task.spec)
         except ParseFailed as failed:
-            raise Dead(failed.reason, failed.detail, task=page.task) from None
+            raise Dead(failed.reason, failed.detail) from None
         item = Item(task=page.task, status=page.status, fields=fields, parsed_at=time.time())
         await self.broker.publish(self.broker.topology.work, STORE_KEY, item)
 

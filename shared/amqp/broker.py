@@ -29,7 +29,7 @@ from hutch import telemetry
 from hutch.amqp.consumer import Consumer, Delivery, Handler, _Consuming
 from hutch.amqp.transport import _BatchingTCP, _Connection
 from hutch.compression import pack, unpack
-from hutch.models import DeadLetter, DecodeError, Model, Page, Task, decode, encode
+from hutch.models import DecodeError, Model, decode, encode
 from hutch.settings import Settings
 from hutch.topology import QueueSpec, Topology
 
@@ -58,11 +58,11 @@ class BrokerUnreachable(Exception):
 class Dead(Exception):
     """Raised by a handler: this message is finished for good; dead-letter it with `reason`."""
 
-    def __init__(self, reason: str, detail: str = "", task: Task | None = None) -> None:
+    def __init__(self, reason: str, detail: str = "", about: Model | None = None) -> None:
         super().__init__(f"{reason}: {detail}" if detail else reason)
         self.reason = reason
         self.detail = detail
-        self.task = task
+        self.about = about  # the message the letter is about, when not the one consumed
 
 
 class Requeue(Exception):
@@ -80,13 +80,7 @@ class Requeue(Exception):
 
 def task_id_of(body: object) -> str | None:
     """The id of the task a message is about, for span attributes and logs."""
-    if isinstance(body, Task):
-        return body.id
-    task = getattr(body, "task", None)
-    if isinstance(task, Task):
-        return task.id
-    found = getattr(body, "task_id", None)
-    return found if isinstance(found, str) else None
+    return body.subject() if isinstance(body, Model) else None
 
 
 def topology_for(settings: Settings) -> Topology:
@@ -328,26 +322,8 @@ class Broker:
         except (AMQPError, ConnectionError, RuntimeError) as exc:
             raise PublishFailed(f"{type(exc).__name__}: {exc}") from None
 
-    async def publish_dead(
-        self,
-        stage: str,
-        reason: str,
-        detail: str = "",
-        *,
-        task: Task | None = None,
-        page: Page | None = None,
-        raw: bytes | None = None,
-        queue: str | None = None,
-    ) -> None:
-        letter = DeadLetter(
-            stage=stage,
-            reason=reason,
-            detail=detail[:2000],
-            task=task or (page.task if page else None),
-            page=page,
-            raw=raw.decode("utf-8", "replace")[:65536] if raw is not None else None,
-            queue=queue,
-        )
+    async def publish_dead(self, letter: Model) -> None:
+        """Publish a dead letter (`Model.dead_letter` makes one) to the dead exchange, confirmed."""
         await self.publish(self.topology.dead, "", letter)
 
     # -- consuming -------------------------------------------------------------------
@@ -472,7 +448,7 @@ class Broker:
             await how.handler(payload, message)
         except Dead as dead:
             span.set_attribute("hutch.outcome", f"dead:{dead.reason}")
-            await self._dead_then_ack(message, how, dead.reason, dead.detail, payload, dead.task)
+            await self._dead_then_ack(message, how, dead.reason, dead.detail, dead.about or payload)
         except Requeue as requeue:
             await self._requeue(message, how, backoff=requeue.backoff)
         except (PublishFailed, AMQPError, ConnectionError) as exc:
@@ -550,7 +526,6 @@ class Broker:
         reason: str,
         detail: str,
         payload: object,
-        task: Task | None = None,
         raw: bytes | None = None,
     ) -> None:
         if not how.dead_letter:
@@ -565,19 +540,13 @@ class Broker:
             )
             await self._settle(message)
             return
-        page = payload if isinstance(payload, Page) else None
-        if task is None:
-            task = payload if isinstance(payload, Task) else getattr(payload, "task", None)
+        if isinstance(payload, Model):
+            letter = payload.dead_letter(how.stage, reason, detail, how.queue)
+        else:
+            body = message.body if raw is None else raw
+            letter = Model.undecodable_letter(how.stage, reason, detail, body, how.queue)
         try:
-            await self.publish_dead(
-                how.stage,
-                reason,
-                detail,
-                task=task,
-                page=page,
-                raw=None if task else (message.body if raw is None else raw),
-                queue=how.queue,
-            )
+            await self.publish_dead(letter)
         except PublishFailed as exc:
             log.warning("dead letter not confirmed (%s); message returned to the queue", exc)
             await self._requeue(message, how, backoff=True)

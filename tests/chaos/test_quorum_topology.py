@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 
 from hutch.amqp import Broker, declare_queue
+from hutch.models import DeadLetter
 from hutch.settings import Settings
 
 from ..integration.test_amqp import depth
@@ -26,7 +27,7 @@ async def test_the_quorum_topology_with_its_limits_and_dead_letter_targets_is_ac
         channel = await broker.channel()
         await declare_queue(channel, broker.topology.domain_queue("127.0.0.1:9"))
         await broker.declare_topology()  # the same arguments again: no PRECONDITION_FAILED
-        await broker.publish_dead("parse", "parse", "x", page=None)
+        await broker.publish_dead(DeadLetter.of("parse", "parse", "x"))
         assert await depth(broker, broker.topology.dlq) == 1
     finally:
         await broker.close()

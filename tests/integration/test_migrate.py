@@ -58,7 +58,7 @@ async def fill_old_version(settings: Settings) -> tuple[Topology, dict[str, Task
         await old_broker.publish(old.frontier, routing_key("127.0.0.1:10"), tasks["unrouted"])
         page = Page(task=tasks["waiting"], status=200, final_url="u", text="<p>old</p>", fetched_at=time.time())
         await old_broker.publish(old.work, "parse", page, headers={"x-hutch-failures": 1})
-        await old_broker.publish_dead("parse", "parse", "bad selector", page=page)
+        await old_broker.publish_dead(page.dead_letter("parse", "parse", "bad selector"))
         assert await depth(old_broker, old.domain_queue("127.0.0.1:9").name) >= 1
         assert await depth(old_broker, old.dlq) == 1
     finally:

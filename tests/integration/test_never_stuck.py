@@ -168,7 +168,7 @@ async def test_the_ledger_consumer_never_dead_letters_so_it_cannot_feed_itself(b
         calls += 1
         raise RuntimeError("store is broken")
 
-    await broker.publish_dead("parse", "parse", "bad page", page=make_page())  # to dlq and ledger
+    await broker.publish_dead(make_page().dead_letter("parse", "parse", "bad page"))  # to dlq and ledger
     await broker.consume(broker.topology.ledger, DeadLetter, handler, stage="store", dead_letter=False)
     await wait_for(lambda: calls >= broker.settings.max_failures)
     await asyncio.sleep(0.5)

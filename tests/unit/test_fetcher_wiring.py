@@ -91,7 +91,7 @@ async def test_a_permanent_failure_is_a_dead_letter_of_the_fetch_stage(
     await route(f, task(), FetchResult("not_found", 0.1, status=404, detail="HTTP 404"))
     (dead,) = broker.dead
     assert (dead.stage, dead.reason, dead.detail) == ("fetch", "not_found", "HTTP 404")
-    assert dead.options["task"].attempts == 1
+    assert dead.task is not None and dead.task.attempts == 1
     assert broker.to(broker.topology.work) == [] and the_event(broker).next == "dead"
 
 

@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 from pamqp.commands import Basic
 
 from hutch.amqp import CRASHES, Delivery, topology_for
-from hutch.models import Model, decode, encode
+from hutch.models import DeadLetter, Model, decode, encode
 from hutch.service import Service
 from hutch.settings import Settings
 
@@ -34,18 +34,10 @@ class Published:
 
 
 @dataclass
-class Dead:
-    stage: str
-    reason: str
-    detail: str
-    options: dict[str, Any]
-
-
-@dataclass
 class RecordingBroker:
     settings: Settings
     published: list[Published] = field(default_factory=list)
-    dead: list[Dead] = field(default_factory=list)
+    dead: list[DeadLetter] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.topology = topology_for(self.settings)
@@ -53,8 +45,8 @@ class RecordingBroker:
     async def publish(self, exchange: str, routing_key: str, body: Model | bytes, **options: Any) -> None:
         self.published.append(Published(exchange, routing_key, body, options))
 
-    async def publish_dead(self, stage: str, reason: str, detail: str = "", **options: Any) -> None:
-        self.dead.append(Dead(stage, reason, detail, options))
+    async def publish_dead(self, letter: DeadLetter) -> None:
+        self.dead.append(letter)
 
     def decode(self, body: bytes, content_encoding: str | None, model: type[M]) -> M:
         return decode(body, model)
