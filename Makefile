@@ -12,10 +12,12 @@ help:
 	@echo "make lint   - ruff and mypy"
 	@echo "make bench  - benchmarks (figures in docs/benchmarks.md)"
 
-$(STAMP): pyproject.toml
+# The sandbox (sandbox/) is a distribution of its own, kept out of Hutch's wheel; tests,
+# benchmarks and the demo need it, so it is installed beside Hutch.
+$(STAMP): pyproject.toml sandbox/pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet -e '.[dev]' -e ./sandbox
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -44,13 +46,15 @@ chaos: $(STAMP)
 
 # mypy cannot follow the editable install's folder mapping (shared/ is the package `hutch`,
 # services/ is `hutch.services`), so it checks the package as installed through links: a
-# folder `hutch` holding a link to everything in shared/, and `services` beside them.
+# folder `hutch` holding a link to everything in shared/, and `services` beside them; the
+# sandbox's own package is linked beside `hutch`.
 lint: $(STAMP)
-	$(VENV)/bin/ruff check shared services tests bench
+	$(VENV)/bin/ruff check shared services sandbox tests bench
 	rm -rf build/typecheck && mkdir -p build/typecheck/hutch
 	for item in shared/*; do ln -s ../../../$$item build/typecheck/hutch/; done
 	ln -s ../../../services build/typecheck/hutch/services
-	cd build/typecheck && ../../$(VENV)/bin/mypy -p hutch --config-file ../../pyproject.toml
+	ln -s ../../sandbox/hutch_sandbox build/typecheck/hutch_sandbox
+	cd build/typecheck && ../../$(VENV)/bin/mypy -p hutch -p hutch_sandbox --config-file ../../pyproject.toml
 
 # Benchmarks print their figures; docs/benchmarks.md records them with their configs.
 bench: bench-speed bench-governor bench-frontier bench-proxy bench-submit bench-store bench-parse

@@ -33,8 +33,8 @@ from governor_common import bench_vhost, child_env
 
 from hutch.amqp import Broker
 from hutch.models import FieldRule, Spec
-from hutch.sandbox import Sandbox
-from hutch.sandbox.config import SandboxConfig, SiteConfig
+from hutch_sandbox import Sandbox
+from hutch_sandbox.config import SandboxConfig, SiteConfig
 from hutch.services.control.submit import submit
 from hutch.services.control.supervisor import Supervisor
 from hutch.settings import Settings

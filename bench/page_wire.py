@@ -33,7 +33,7 @@ from governor_common import bench_vhost, broker_pid, cpu_seconds, use_node
 
 from hutch.amqp import Broker, Delivery
 from hutch.models import Page, Task, task_id
-from hutch.sandbox.pages import render_page
+from hutch_sandbox.pages import render_page
 from hutch.settings import Settings
 
 IN_FLIGHT = 16  # publishes awaiting their confirm at once, as a fetcher's concurrency

@@ -42,7 +42,7 @@ from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
 
 from hutch.amqp import Broker
-from hutch.sandbox import AccessRecord, Sandbox, load_config
+from hutch_sandbox import AccessRecord, Sandbox, load_config
 from hutch.services.control.submit import submit
 from hutch.services.control.supervisor import Supervisor
 from hutch.services.proxy_manager import state

@@ -53,9 +53,9 @@ import yaml
 from broker_node import private_node
 from governor_common import bench_vhost, child_env, use_node
 
-from hutch.sandbox.accesslog import AccessRecord
-from hutch.sandbox.config import SandboxConfig, SiteConfig, load_config
-from hutch.sandbox.runner import wait_for_ready_file
+from hutch_sandbox.accesslog import AccessRecord
+from hutch_sandbox.config import SandboxConfig, SiteConfig, load_config
+from hutch_sandbox.runner import wait_for_ready_file
 from hutch.services.control.supervisor import Supervisor
 from hutch.settings import Settings
 from hutch.store import Store
@@ -318,7 +318,7 @@ class Sites:
                 os.setpriority(os.PRIO_PROCESS, 0, -10)
 
         argv = [
-            sys.executable, "-m", "hutch.sandbox", "--config", str(config_path), "--access-log", str(self.log_path),
+            sys.executable, "-m", "hutch_sandbox", "--config", str(config_path), "--access-log", str(self.log_path),
             "--ready-file", str(ready), "--urls-out", str(self.work / "site-urls.txt"),
         ]
         self.process = await asyncio.to_thread(

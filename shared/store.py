@@ -19,6 +19,11 @@ incarnation than the row's is stale: its events do not move the task any more.
 The default store is one SQLite file (WAL, so the CLI can read while the storer writes),
 durable at commit (`synchronous=FULL`: an acked item is on disk; the storer commits many
 messages per transaction so this costs no throughput), created 0600 in a 0700 folder.
+
+Why this module is long (about 800 lines): it is the store's whole SQL, one statement per
+method, and every method shares one connection and one transaction discipline
+(`_Transaction`, `write_group`). It splits by backend, not by table, when a second backend
+(PostgreSQL) arrives.
 """
 
 from __future__ import annotations

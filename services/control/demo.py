@@ -18,8 +18,7 @@ from pathlib import Path
 
 from hutch.admin import delete_namespace
 from hutch.models import FieldRule, Spec
-from hutch.sandbox import Sandbox, load_config
-from hutch.services.control.cli import UserError, run_job
+from hutch.services.control.cli import UserError, run_job, sandbox_package
 from hutch.settings import Settings
 
 SPEC = Spec(
@@ -38,7 +37,8 @@ async def demo(data_dir: Path) -> int:
     # Each demo starts afresh: the sandbox's ports, and so its URLs, differ from run to run.
     for old in (access_log, *folder.glob("hutch.sqlite3*")):
         old.unlink(missing_ok=True)
-    async with Sandbox(load_config(None), access_log=access_log) as sandbox:
+    package = sandbox_package()
+    async with package.Sandbox(package.load_config(None), access_log=access_log) as sandbox:
         urls = [*sandbox.urls(), *(site.base_url + "/status/404" for site in list(sandbox.sites.values())[:2])]
         urls_file = folder / "urls.txt"
         urls_file.write_text("\n".join(urls) + "\n", encoding="utf-8")

@@ -13,6 +13,10 @@ the delay is over), straight back to the frontier (a redirect, a failed proxy), 
 dead exchange; then an outcome event is published; only then is the `fetch.ready` message
 acked. The fetcher keeps no state, so it scales freely; every second it reports its free
 capacity (`fetcher.heartbeat`) so the governor issues no more permits than can be used.
+
+A little over the house's 400 lines: one attempt's whole path (permit, lease, fetch,
+route, outcome, ack) reads in order here; the policy, the fetch itself, the timeouts,
+lateness and decoding are modules of their own.
 """
 
 from __future__ import annotations

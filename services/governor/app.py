@@ -39,6 +39,13 @@ alternatives and the figures that chose this one.)
 - A held or parked task goes back by publish and ack, never by nack-requeue: on quorum
   queues every return would count toward `x-delivery-limit`, and a redelivery would count
   as a crash. A domain with nothing held is forgotten after `HUTCH_DOMAIN_IDLE` seconds.
+
+Why this module is long (about 870 lines): it is one object. The shards' consumers, the
+dispatcher's heap, the held tasks' futures, the events and the jobs' states share the
+governor's one in-memory state on one event loop; spreading its methods over modules would
+hide that, not remove it. Everything that stands alone already does: the decisions
+(`core`), the limits, the fleet's capacity, robots.txt, the public suffixes and the lines
+(`lines`), each pure and tested with a fake clock.
 """
 
 from __future__ import annotations
@@ -56,8 +63,7 @@ import socket
 import time
 import uuid
 from collections.abc import Coroutine
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import aiormq
 from aio_pika.abc import AbstractChannel, AbstractQueue
@@ -80,6 +86,19 @@ from hutch.service import Service
 from hutch.services.governor.capacity import FleetCapacity
 from hutch.services.governor.core import Core, CoreConfig
 from hutch.services.governor.limits import Limits
+from hutch.services.governor.lines import (
+    PACED_PARK_MAX,
+    PARK_BUDGET,
+    STATE_AFTER,
+    Action,
+    Decided,
+    DomainLine,
+    Held,
+    JobLine,
+    JobState,
+    let_go,
+    park_delay,
+)
 from hutch.services.governor.robots import RobotsCache
 from hutch.services.governor.status import select_domains
 from hutch.services.governor.suffixes import key_function
@@ -102,150 +121,15 @@ PARKED_HEADER = "x-hutch-parked"  # a task the governor parked in a delay tier
 SHARD_MAX_CRASHES = 50
 RESCUED_MEMORY = 100_000  # rescued tasks whose newest incarnation a governor remembers
 MAX_HELD_PER_JOB = 64  # held tasks of one domain and job, however fast its rate
-PACE_SECONDS = 5  # whole seconds over which a busy domain's peak pace is measured
-PACE_MARGIN = 2.0  # parked tasks come back in time for twice that pace
-PACED_PARK_MAX = 30.0  # seconds: the longest park of a domain its pace, not its rate, holds back...
-PARK_BUDGET = 100.0  # ...or all it holds and parked over this: about this many such parks a second at most
 LONG_HOLD = 600.0  # seconds a task may wait held for the fleet's capacity before it is parked
 DISPATCH_SLICE = 2000  # decisions before the dispatcher lets the loop run other work
 JOBS_QUIET = 0.3  # seconds without a record that mean the jobs stream is read to its end
 CATCH_UP_LIMIT = 30.0  # longest wait for the released log before releasing anyway
 
 
-def park_delay(
-    jl: JobLine,
-    now: float,
-    share: float,
-    rate: float,
-    pace: float | None,
-    blocked_until: float,
-    longest: float = PACED_PARK_MAX,
-) -> float:
-    """How long a task of `jl` may stay parked: until the job's tasks held and parked before
-    it would run out at its share of the domain's pace (a longer wait would leave the domain
-    idle while work waits in a tier), or the domain's long wait, whichever is later.
-
-    The pace is the rate unless the domain is measured to drain much slower: a domain with
-    no binding limit, paced by its fetches, would otherwise have every parked task sent to
-    the shortest tier, and back, and parked again, many times over. Taken with a margin
-    (`PACE_MARGIN` times the measured pace): a domain speeds up when others sharing the
-    fetchers finish, and a task parked too long leaves it idle, which costs more than a task
-    parked once more. And at most `longest`: the pace is a guess about the fleet (a busy
-    machine made it look four times slower than it became), a rate is a fact. The governor
-    gives `longest` as `PACED_PARK_MAX`, or everything it holds and has parked over
-    `PARK_BUDGET` when that is longer: each such park costs a publish, and with a fixed cap
-    a backlog of B tasks costs B / 30 parks a second (100,000 tasks: 3,300 a second, more
-    than the governor and the broker can do), with this one about `PARK_BUDGET`."""
-    if pace is not None and 0 < PACE_MARGIN * pace < rate:
-        share *= PACE_MARGIN * pace / rate
-        return max(min(jl.supply(now, share), longest), blocked_until - now)
-    return max(jl.supply(now, max(share, 1e-6)), blocked_until - now)
-
-
-def let_go(held: Held, action: Action, value: Any = None) -> None:
-    """Tell a held task's handler what to do, once."""
-    if not held.decided.done():
-        held.decided.set_result((action, value))
-
-
 def governor_id() -> str:
     host = socket.gethostname().split(".")[0] or "host"
     return f"{host}-{os.getpid()}-{uuid.uuid4().hex[:4]}"
-
-
-Action = Literal["release", "park", "paused", "dead", "drop", "return"]
-# What one turn of the dispatcher did for a domain (`gate`: waits for the fleet's capacity).
-Decided = Literal["empty", "release", "dead", "drop", "gate", "wait", "parked"]
-
-
-@dataclass
-class Held:
-    """A task taken from a shard, its message unacked, waiting for the dispatcher's word."""
-
-    task: Task
-    message: Delivery
-    since: float
-    decided: asyncio.Future[tuple[Action, Any]]
-
-
-@dataclass
-class JobLine:
-    """One job's tasks in one domain: held here, and (an estimate) parked in the tiers."""
-
-    held: collections.deque[Held] = field(default_factory=collections.deque)
-    # When the tasks parked in the tiers come back: whole second -> how many (an estimate:
-    # a governor that restarts starts again from none).
-    returns: dict[int, int] = field(default_factory=dict)
-    served: float = 0.0  # releases divided by the job's weight (stride scheduling)
-
-    def came_back(self, second: int) -> None:
-        """One task parked to come back in `second` is back: no longer to come."""
-        left = self.returns.get(second, 0) - 1
-        if left > 0:
-            self.returns[second] = left
-        elif left == 0:
-            del self.returns[second]
-
-    def parked(self, now: float) -> int:
-        for second in [t for t in self.returns if t + 1 <= now]:
-            del self.returns[second]  # back by now
-        return sum(self.returns.values())
-
-    def supply(self, now: float, share: float) -> float:
-        """Seconds of this job's share of the rate that its tasks cover without a gap: those
-        held, then those parked, as they come back, as long as each comes back in time."""
-        tasks = float(len(self.held))
-        for second in sorted(t for t in self.returns if t >= now):
-            if tasks < share * (second - now):
-                break  # a gap before these come back
-            tasks += self.returns[second]
-        return tasks / share
-
-
-@dataclass
-class DomainLine:
-    jobs: dict[str, JobLine] = field(default_factory=dict)
-    seq: int = 0  # the version of its heap entry; an entry with another is stale
-    scheduled: bool = False
-    blocked_until: float = 0.0  # a long wait (pause, robots.txt, takeover): new tasks park at once
-    touched: float = 0.0
-    busy_since: float | None = None  # since when it has always had a task held
-    releases: dict[int, int] = field(default_factory=dict)  # whole second -> releases in it (the last few)
-
-    def held_count(self) -> int:
-        return sum(len(j.held) for j in self.jobs.values())
-
-    def released(self, now: float) -> None:
-        second = int(now)
-        self.releases[second] = self.releases.get(second, 0) + 1
-        if len(self.releases) > PACE_SECONDS + 1:
-            for old in [t for t in self.releases if t < second - PACE_SECONDS]:
-                del self.releases[old]
-
-    def pace(self, now: float) -> float | None:
-        """The most releases in one whole second of the last few, counting only seconds it
-        was busy throughout (always a task held): the pace the fleet can drain it at when
-        its concurrency cap, its fetch time or the fetchers' capacity keep it below its
-        rate. The peak, not the mean: a moment the fleet was full must not make the domain
-        look slow (its parked tasks would then come back too late). None until it has been
-        busy for a whole second."""
-        if self.busy_since is None:
-            return None
-        first, last = int(self.busy_since) + 1, int(now) - 1
-        counts = [self.releases.get(t, 0) for t in range(max(first, last - PACE_SECONDS + 1), last + 1)]
-        return float(max(counts)) if counts else None
-
-
-RunState = Literal["running", "paused", "cancelled"]
-STATE_AFTER: dict[str, RunState] = {"pause": "paused", "resume": "running", "cancel": "cancelled"}
-
-
-@dataclass
-class JobState:
-    state: RunState = "running"
-    state_at: float = 0.0
-    weight: float = 1.0
-    weight_at: float = 0.0
 
 
 class Governor(Service):

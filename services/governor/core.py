@@ -15,6 +15,9 @@ of them live, and at start it reads the releases of the last permit lifetimes fr
 `released.log` stream before it releases anything, so a restart or a new standby knows
 what the fleet has in flight and never bursts; a domain no one released lately is released
 at once.
+
+A little over the house's 400 lines: every rule that decides a release is here, on purpose,
+so the order in which `check` applies them reads top to bottom in one place.
 """
 
 from __future__ import annotations

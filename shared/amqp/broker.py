@@ -1,6 +1,11 @@
 """The AMQP layer's broker: connect, declare, publish with confirms, and consume by Hutch's rules.
 
 The rules are in the package's docstring (`hutch.amqp`).
+
+Why this module is long (about 570 lines): `Broker` is one connection's whole life
+(connect, declare, publish with confirms, consume by the rules above, reconnect, close),
+and each of those reads the same channels and state. The transport, the consumer's
+delivery wrapper and RPC are already modules of their own.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from hutch.models import FieldRule, Spec
-from hutch.sandbox import Sandbox, expected_page, load_config
+from hutch_sandbox import Sandbox, expected_page, load_config
 from hutch.settings import Settings
 from hutch.store import JobCounts, sqlite_path
 

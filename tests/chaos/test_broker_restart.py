@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from hutch.sandbox import Sandbox
+from hutch_sandbox import Sandbox
 from hutch.settings import Settings
 
 from ..brokers import BrokerNode

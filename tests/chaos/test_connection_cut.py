@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from hutch.sandbox import Sandbox
+from hutch_sandbox import Sandbox
 from hutch.settings import Settings
 
 from ..brokers import BrokerNode

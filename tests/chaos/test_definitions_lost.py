@@ -18,7 +18,7 @@ import pytest
 
 from hutch.amqp import topology_for
 from hutch.domains import domain_of
-from hutch.sandbox import Sandbox
+from hutch_sandbox import Sandbox
 from hutch.settings import Settings
 
 from ..brokers import BrokerNode

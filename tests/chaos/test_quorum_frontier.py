@@ -15,7 +15,7 @@ import pytest
 
 from hutch.amqp import Broker
 from hutch.models import JobControl
-from hutch.sandbox import Sandbox
+from hutch_sandbox import Sandbox
 from hutch.services.control.jobs import append_control
 from hutch.settings import Settings
 

@@ -25,7 +25,7 @@ from contextlib import contextmanager
 
 import pytest
 
-from hutch.sandbox import Sandbox
+from hutch_sandbox import Sandbox
 from hutch.settings import Settings
 from hutch.store import sqlite_path
 

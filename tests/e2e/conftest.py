@@ -12,7 +12,7 @@ import pytest
 
 from hutch.amqp import Broker
 from hutch.models import Spec
-from hutch.sandbox import Sandbox, load_config
+from hutch_sandbox import Sandbox, load_config
 from hutch.services.control.submit import submit
 from hutch.services.control.supervisor import Supervisor
 from hutch.settings import Settings

@@ -15,8 +15,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from hutch.sandbox import Sandbox
-from hutch.sandbox.config import SandboxConfig
+from hutch_sandbox import Sandbox
+from hutch_sandbox.config import SandboxConfig
 from hutch.settings import Settings
 from hutch.store import Store
 

@@ -34,7 +34,7 @@ from parsel import Selector
 from hutch.amqp import Broker
 from hutch.domains import domain_of
 from hutch.models import DeadLetter, Task
-from hutch.sandbox import Sandbox, expected_page, load_config
+from hutch_sandbox import Sandbox, expected_page, load_config
 from hutch.services.control.cli import main
 from hutch.settings import Settings
 from hutch.store import Store

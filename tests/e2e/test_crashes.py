@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from hutch.sandbox import Sandbox
+from hutch_sandbox import Sandbox
 from hutch.settings import Settings
 from hutch.store import Store
 

@@ -21,7 +21,7 @@ import pytest
 
 from hutch.admin import delete_namespace
 from hutch.amqp import Broker
-from hutch.sandbox import AccessRecord, Sandbox, expected_page, load_config
+from hutch_sandbox import AccessRecord, Sandbox, expected_page, load_config
 from hutch.services.control.dlq import replay
 from hutch.services.control.submit import submit
 from hutch.services.control.supervisor import Supervisor

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from hutch.sandbox import Sandbox
+from hutch_sandbox import Sandbox
 from hutch.settings import Settings
 from hutch.store import Store
 

@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from hutch.sandbox import Sandbox, SandboxConfig
+from hutch_sandbox import Sandbox, SandboxConfig
 from hutch.settings import Settings
 from hutch.store import Store
 

@@ -13,7 +13,7 @@ import pytest
 
 from hutch.amqp import Broker
 from hutch.models import FieldRule, Spec
-from hutch.sandbox import Sandbox
+from hutch_sandbox import Sandbox
 from hutch.services.control.submit import submit
 from hutch.services.control.supervisor import Supervisor
 from hutch.services.governor.status import domain_status

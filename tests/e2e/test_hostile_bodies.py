@@ -1,6 +1,6 @@
 """Hostile bodies, headers and proxy look-alikes, through all five services and the real broker.
 
-Each test submits one hostile URL of the sandbox (`hutch.sandbox.hostile.bodies`) as a job and
+Each test submits one hostile URL of the sandbox (`hutch_sandbox.hostile.bodies`) as a job and
 checks where the task ended and why, and that the job has nothing pending. The bombs must end
 `too_large` (the fetcher decodes in bounded steps), a bogus charset must still be stored, a
 huge header must end cleanly. Through a forward proxy, a 407 or a `Proxy-Status` that the site
@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from hutch.sandbox import Sandbox, SandboxConfig
+from hutch_sandbox import Sandbox, SandboxConfig
 from hutch.services.proxy_manager.pool import proxy_id
 from hutch.settings import Settings
 from hutch.store import Store

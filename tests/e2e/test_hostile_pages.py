@@ -19,8 +19,8 @@ import pytest
 import pytest_asyncio
 
 from hutch.models import FieldRule, Spec
-from hutch.sandbox import Sandbox
-from hutch.sandbox.config import SandboxConfig
+from hutch_sandbox import Sandbox
+from hutch_sandbox.config import SandboxConfig
 from hutch.settings import Settings
 from hutch.store import Store
 

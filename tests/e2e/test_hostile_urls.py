@@ -1,6 +1,6 @@
 """Redirects to targets Hutch must refuse, and a host name as long as DNS allows, end to end.
 
-Each hostile route of the sandbox (hutch.sandbox.hostile.urls) answers a redirect whose
+Each hostile route of the sandbox (hutch_sandbox.hostile.urls) answers a redirect whose
 target breaks one rule: a malformed or over-long host, a `file:` URL, the cloud metadata
 address, a terminal escape. Before the URL validator, the four malformed hosts reached the
 resolver, which raised where nothing expected it, and their tasks stayed in flight for ever.
@@ -27,8 +27,8 @@ import pytest
 
 from hutch.admin import delete_namespace
 from hutch.amqp import Broker
-from hutch.sandbox import Sandbox, load_config
-from hutch.sandbox.hostile.urls import TARGETS
+from hutch_sandbox import Sandbox, load_config
+from hutch_sandbox.hostile.urls import TARGETS
 from hutch.services.control.submit import submit
 from hutch.services.control.supervisor import Supervisor
 from hutch.settings import Settings

@@ -17,7 +17,7 @@ import pytest
 
 from hutch.amqp import Broker, queue_depth
 from hutch.models import FieldRule, JobControl, Spec
-from hutch.sandbox import Sandbox, load_config
+from hutch_sandbox import Sandbox, load_config
 from hutch.services.control.jobs import append_control
 from hutch.settings import Settings
 from hutch.store import Store

@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from hutch.models import FieldRule, Spec
-from hutch.sandbox import Sandbox, expected_page
+from hutch_sandbox import Sandbox, expected_page
 from hutch.settings import Settings
 from hutch.store import Store
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from hutch.sandbox import AccessRecord, Sandbox, SandboxConfig
+from hutch_sandbox import AccessRecord, Sandbox, SandboxConfig
 from hutch.services.proxy_manager.pool import proxy_id
 from hutch.settings import Settings
 from hutch.store import Store

@@ -19,7 +19,7 @@ import pytest
 
 from hutch.amqp import Broker, Consumer, Delivery
 from hutch.models import Task
-from hutch.sandbox import Sandbox, load_config
+from hutch_sandbox import Sandbox, load_config
 from hutch.services.control.supervisor import SERVICES, Supervisor
 from hutch.settings import Settings
 from hutch.store import Store

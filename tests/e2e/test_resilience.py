@@ -13,7 +13,7 @@ import pytest
 
 from hutch.amqp import Broker, topology_for
 from hutch.models import DeadLetter, decode
-from hutch.sandbox import Sandbox
+from hutch_sandbox import Sandbox
 from hutch.settings import Settings
 from hutch.store import Store
 from hutch.topology import outcome_key

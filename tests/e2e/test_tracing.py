@@ -21,7 +21,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
-from hutch.sandbox import Sandbox
+from hutch_sandbox import Sandbox
 from hutch.settings import Settings
 from hutch.store import Store
 

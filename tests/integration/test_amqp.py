@@ -12,7 +12,7 @@ from aio_pika.abc import AbstractIncomingMessage
 
 from hutch.amqp import Broker, Dead, Delivery, PublishFailed, RpcClient, serve_rpc
 from hutch.models import DeadLetter, Lease, LeaseRequest, Page, Task, decode, encode, task_id
-from hutch.sandbox.pages import render_page
+from hutch_sandbox.pages import render_page
 from hutch.settings import Settings
 from hutch.topology import routing_key
 

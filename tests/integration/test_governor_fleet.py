@@ -20,8 +20,8 @@ import pytest
 
 from hutch.amqp import Broker
 from hutch.models import Task, task_id
-from hutch.sandbox import Sandbox, SandboxConfig
-from hutch.sandbox.accesslog import AccessRecord
+from hutch_sandbox import Sandbox, SandboxConfig
+from hutch_sandbox.accesslog import AccessRecord
 from hutch.services.control.supervisor import Supervisor
 from hutch.settings import Settings
 

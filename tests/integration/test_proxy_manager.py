@@ -17,7 +17,7 @@ import pytest
 
 from hutch.amqp import Broker, RpcClient
 from hutch.models import Event, Lease, LeaseRequest
-from hutch.sandbox import Sandbox, SandboxConfig
+from hutch_sandbox import Sandbox, SandboxConfig
 from hutch.services.proxy_manager import state
 from hutch.services.proxy_manager.app import ProxyManager
 from hutch.services.proxy_manager.pool import proxy_id

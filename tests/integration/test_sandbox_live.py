@@ -16,7 +16,7 @@ import httpx
 import pytest
 from parsel import Selector
 
-from hutch.sandbox import (
+from hutch_sandbox import (
     BLOCK_MARKER,
     CHALLENGE_MARKER,
     Sandbox,
@@ -389,7 +389,7 @@ async def test_the_command_line_writes_seed_files_and_stops_on_sigterm(tmp_path:
     command = [
         sys.executable,
         "-m",
-        "hutch.sandbox",
+        "hutch_sandbox",
         "--config",
         str(config),
         "--urls-out",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hutch.services.governor.app import PACED_PARK_MAX, PARK_BUDGET, DomainLine, JobLine, park_delay
+from hutch.services.governor.lines import PACED_PARK_MAX, PARK_BUDGET, DomainLine, JobLine, park_delay
 
 NOW = 1_000.0
 

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from parsel import Selector
 
-from hutch.sandbox import ConfigError, FaultConfig, SandboxConfig, expected_page, load_config
-from hutch.sandbox.pages import charset_page, charset_text, render_page
-from hutch.sandbox.rules import (
+from hutch_sandbox import ConfigError, FaultConfig, SandboxConfig, expected_page, load_config
+from hutch_sandbox.pages import charset_page, charset_text, render_page
+from hutch_sandbox.rules import (
     Politeness,
     decide_block,
     decide_fault,

@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hutch.sandbox.config import load_config
-from hutch.sandbox.sandbox import Sandbox
+from hutch_sandbox.config import load_config
+from hutch_sandbox.sandbox import Sandbox
 
 __all__ = ["run_forever", "wait_for_ready_file", "write_atomically"]
 

@@ -15,12 +15,12 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from hutch.sandbox.accesslog import AccessLog, AccessRecord
-from hutch.sandbox.config import SandboxConfig, load_config
-from hutch.sandbox.hostcount import HostCounter, HostStats
-from hutch.sandbox.proxy import ProxyServer
-from hutch.sandbox.site import SiteServer
-from hutch.sandbox.tls import TestCA
+from hutch_sandbox.accesslog import AccessLog, AccessRecord
+from hutch_sandbox.config import SandboxConfig, load_config
+from hutch_sandbox.hostcount import HostCounter, HostStats
+from hutch_sandbox.proxy import ProxyServer
+from hutch_sandbox.site import SiteServer
+from hutch_sandbox.tls import TestCA
 from hutch.targets import parse_resolve
 
 __all__ = ["Sandbox", "WildcardEntries"]

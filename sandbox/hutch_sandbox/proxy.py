@@ -26,11 +26,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from hutch.sandbox.accesslog import AccessLog, AccessRecord
-from hutch.sandbox.config import LOOPBACK, ProxyConfig, SandboxConfig
-from hutch.sandbox.http11 import BadRequest, Request, format_head, read_request, reset_connection
-from hutch.sandbox.listener import Listener
-from hutch.sandbox.rules import draw
+from hutch_sandbox.accesslog import AccessLog, AccessRecord
+from hutch_sandbox.config import LOOPBACK, ProxyConfig, SandboxConfig
+from hutch_sandbox.http11 import BadRequest, Request, format_head, read_request, reset_connection
+from hutch_sandbox.listener import Listener
+from hutch_sandbox.rules import draw
 
 __all__ = ["ProxyServer"]
 

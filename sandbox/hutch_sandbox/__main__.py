@@ -1,16 +1,16 @@
-"""``python -m hutch.sandbox``: serve the sandbox until interrupted (see ``runner.run_forever``)."""
+"""``python -m hutch_sandbox``: serve the sandbox until interrupted (see ``runner.run_forever``)."""
 
 from __future__ import annotations
 
 import argparse
 
-from hutch.sandbox.config import ConfigError
-from hutch.sandbox.runner import run_forever
+from hutch_sandbox.config import ConfigError
+from hutch_sandbox.runner import run_forever
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m hutch.sandbox",
+        prog="python -m hutch_sandbox",
         description="Serve the Hutch sandbox (fake sites and proxies on loopback) until stopped.",
     )
     parser.add_argument("--config", help="sandbox YAML (default: the bundled default.yaml)")

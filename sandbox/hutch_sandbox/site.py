@@ -20,11 +20,11 @@ test can ask for exactly the trouble it wants:
     /charset/<name>?declare=header|meta|none
                            a page encoded in <name>, declared in Content-Type (default), only
                            in a <meta charset> tag, or nowhere
-    /hostile/<name>        one hostile answer of the open web (see hutch.sandbox.hostile)
+    /hostile/<name>        one hostile answer of the open web (see hutch_sandbox.hostile)
 
 A site answers whatever the Host header says, so every host name resolved to its port
 (`HUTCH_RESOLVE=*.wide.test:PORT:127.0.0.1`) is served, as one site. Each request is counted
-under its Host header (`hutch.sandbox.hostcount`) and its access record carries the header,
+under its Host header (`hutch_sandbox.hostcount`) and its access record carries the header,
 so per-domain limits can be checked at the site.
 """
 
@@ -39,19 +39,19 @@ from dataclasses import dataclass, field
 from typing import Literal
 from urllib.parse import quote, unquote
 
-from hutch.sandbox.accesslog import AccessLog, AccessRecord
-from hutch.sandbox.config import SandboxConfig, SiteConfig
-from hutch.sandbox.hostcount import MAX_HOST_CHARS, HostCounter
-from hutch.sandbox.http11 import BadRequest, Request, format_head, read_request, reset_connection
-from hutch.sandbox.listener import Listener
-from hutch.sandbox.pages import (
+from hutch_sandbox.accesslog import AccessLog, AccessRecord
+from hutch_sandbox.config import SandboxConfig, SiteConfig
+from hutch_sandbox.hostcount import MAX_HOST_CHARS, HostCounter
+from hutch_sandbox.http11 import BadRequest, Request, format_head, read_request, reset_connection
+from hutch_sandbox.listener import Listener
+from hutch_sandbox.pages import (
     block_page,
     challenge_page,
     charset_page,
     index_page,
     render_page,
 )
-from hutch.sandbox.rules import (
+from hutch_sandbox.rules import (
     FaultKind,
     Politeness,
     decide_block,
@@ -358,7 +358,7 @@ class SiteServer(Listener):
         if head == "charset" and rest:
             return self._charset(unquote(rest), query.get("declare", "header"))
         if head == "hostile" and rest:
-            from hutch.sandbox import hostile  # the hostile routes use this module's types
+            from hutch_sandbox import hostile  # the hostile routes use this module's types
 
             return hostile.answer(rest, query)
         return None

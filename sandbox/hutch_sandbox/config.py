@@ -205,8 +205,8 @@ def _refuse_duplicates(what: str, values: Iterable[str]) -> None:
 def load_config(path: str | Path | None = None) -> SandboxConfig:
     """Read and validate a sandbox YAML file; ``None`` loads the bundled ``default.yaml``."""
     if path is None:
-        source = "hutch.sandbox/default.yaml"
-        text = resources.files("hutch.sandbox").joinpath("default.yaml").read_text("utf-8")
+        source = "hutch_sandbox/default.yaml"
+        text = resources.files("hutch_sandbox").joinpath("default.yaml").read_text("utf-8")
     else:
         source = str(path)
         text = Path(path).read_text("utf-8")

@@ -12,11 +12,11 @@ import asyncio
 import logging
 import ssl
 
-from hutch.sandbox.http11 import reset_connection
+from hutch_sandbox.http11 import reset_connection
 
 __all__ = ["Listener"]
 
-logger = logging.getLogger("hutch.sandbox")
+logger = logging.getLogger("hutch_sandbox")
 
 
 class Listener:

@@ -23,8 +23,8 @@ import zlib
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Literal
 
-from hutch.sandbox.hostile import route
-from hutch.sandbox.site import HTML, Reply
+from hutch_sandbox.hostile import route
+from hutch_sandbox.site import HTML, Reply
 
 BLOCK = bytes(1 << 20)
 WRITE = 64 * 1024

@@ -5,7 +5,7 @@ hangs, trickles, blocks of datacenter addresses, bans for impolite clients, bad 
 sites fail when they like; these fail when told, reproducibly (every random decision derives
 from the config's seed), and only on loopback (127.0.0.0/8).
 
-    from hutch.sandbox import Sandbox, load_config, expected_page
+    from hutch_sandbox import Sandbox, load_config, expected_page
 
     async with Sandbox(load_config(None)) as sb:     # None: the bundled default.yaml
         sb.sites["books"].base_url                   # "http://127.0.0.1:PORT"
@@ -13,13 +13,13 @@ from the config's seed), and only on loopback (127.0.0.0/8).
         sb.proxy_file_text()                         # "http://127.0.0.1:PORT datacenter\\n..."
         sb.site_log("books")                         # what the site received
 
-The configuration keys are described in ``hutch.sandbox.config``, the fixed trouble paths
-(``/hang``, ``/flaky/<key>``, ``/charset/<name>``, ...) in ``hutch.sandbox.site``, the proxies
-in ``hutch.sandbox.proxy``. ``python -m hutch.sandbox`` serves a config until interrupted.
+The configuration keys are described in ``hutch_sandbox.config``, the fixed trouble paths
+(``/hang``, ``/flaky/<key>``, ``/charset/<name>``, ...) in ``hutch_sandbox.site``, the proxies
+in ``hutch_sandbox.proxy``. ``python -m hutch_sandbox`` serves a config until interrupted.
 """
 
-from hutch.sandbox.accesslog import AccessRecord
-from hutch.sandbox.config import (
+from hutch_sandbox.accesslog import AccessRecord
+from hutch_sandbox.config import (
     ConfigError,
     FaultConfig,
     ProxyConfig,
@@ -27,9 +27,9 @@ from hutch.sandbox.config import (
     SiteConfig,
     load_config,
 )
-from hutch.sandbox.pages import BLOCK_MARKER, CHALLENGE_MARKER, charset_text, expected_page
-from hutch.sandbox.runner import run_forever, wait_for_ready_file
-from hutch.sandbox.sandbox import Sandbox, WildcardEntries
+from hutch_sandbox.pages import BLOCK_MARKER, CHALLENGE_MARKER, charset_text, expected_page
+from hutch_sandbox.runner import run_forever, wait_for_ready_file
+from hutch_sandbox.sandbox import Sandbox, WildcardEntries
 
 __all__ = [
     "BLOCK_MARKER",

@@ -10,8 +10,8 @@ that only UTS 46 mapping makes valid (`ªshop.test` is `ashop.test`) reaches the
 
 from __future__ import annotations
 
-from hutch.sandbox.hostile import route
-from hutch.sandbox.site import Outcome, Reply
+from hutch_sandbox.hostile import route
+from hutch_sandbox.site import Outcome, Reply
 
 LONG_LABEL = "a" * 70  # over the 63-byte label limit
 LONG_HOST = ".".join(["h" * 50] * 6)  # 305 bytes, over the 253-byte host limit

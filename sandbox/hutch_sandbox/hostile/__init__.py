@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from hutch.sandbox.site import Outcome
+from hutch_sandbox.site import Outcome
 
 # name -> answer(query) for `/hostile/<name>?<query>`
 Route = Callable[[dict[str, str]], Outcome]
@@ -38,4 +38,4 @@ def answer(name: str, query: dict[str, str]) -> Outcome | None:
 
 def _load() -> None:
     # Imported here, not at the top: the route modules import the site's reply types.
-    from hutch.sandbox.hostile import bodies, pages, urls  # noqa: F401
+    from hutch_sandbox.hostile import bodies, pages, urls  # noqa: F401

@@ -15,7 +15,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Literal
 
-from hutch.sandbox.config import FaultConfig
+from hutch_sandbox.config import FaultConfig
 
 __all__ = [
     "FAULT_ORDER",

@@ -13,8 +13,8 @@ Both are small on the wire and valid HTML; the trouble is in what a spec does wi
 
 from __future__ import annotations
 
-from hutch.sandbox.hostile import route
-from hutch.sandbox.site import HTML, Outcome, Reply
+from hutch_sandbox.hostile import route
+from hutch_sandbox.site import HTML, Outcome, Reply
 
 MAX_DEPTH = 100_000
 MAX_ELEMENTS = 400_000

@@ -1,0 +1,156 @@
+"""The governor's lines: what it holds and has parked, per domain and per job, and how long a
+task may stay parked.
+
+Pure bookkeeping (no broker, no clock of its own: every call is given `now`), kept apart from
+the wiring in `app.py` so it is type-checked strictly and tested without a broker. A domain's
+line holds, per job, the tasks taken from a shard and not yet released (`Held`, each with
+the future its handler waits on) and an estimate of those parked in the delay tiers; the
+dispatcher picks a job by stride scheduling over `JobLine.served`, and `park_delay` says how
+long a parked task may stay away without leaving the domain idle.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from hutch.amqp import Delivery
+from hutch.models import Task
+
+PACE_SECONDS = 5  # whole seconds over which a busy domain's peak pace is measured
+PACE_MARGIN = 2.0  # parked tasks come back in time for twice that pace
+PACED_PARK_MAX = 30.0  # seconds: the longest park of a domain its pace, not its rate, holds back...
+PARK_BUDGET = 100.0  # ...or all it holds and parked over this: about this many such parks a second at most
+
+
+def park_delay(
+    jl: JobLine,
+    now: float,
+    share: float,
+    rate: float,
+    pace: float | None,
+    blocked_until: float,
+    longest: float = PACED_PARK_MAX,
+) -> float:
+    """How long a task of `jl` may stay parked: until the job's tasks held and parked before
+    it would run out at its share of the domain's pace (a longer wait would leave the domain
+    idle while work waits in a tier), or the domain's long wait, whichever is later.
+
+    The pace is the rate unless the domain is measured to drain much slower: a domain with
+    no binding limit, paced by its fetches, would otherwise have every parked task sent to
+    the shortest tier, and back, and parked again, many times over. Taken with a margin
+    (`PACE_MARGIN` times the measured pace): a domain speeds up when others sharing the
+    fetchers finish, and a task parked too long leaves it idle, which costs more than a task
+    parked once more. And at most `longest`: the pace is a guess about the fleet (a busy
+    machine made it look four times slower than it became), a rate is a fact. The governor
+    gives `longest` as `PACED_PARK_MAX`, or everything it holds and has parked over
+    `PARK_BUDGET` when that is longer: each such park costs a publish, and with a fixed cap
+    a backlog of B tasks costs B / 30 parks a second (100,000 tasks: 3,300 a second, more
+    than the governor and the broker can do), with this one about `PARK_BUDGET`."""
+    if pace is not None and 0 < PACE_MARGIN * pace < rate:
+        share *= PACE_MARGIN * pace / rate
+        return max(min(jl.supply(now, share), longest), blocked_until - now)
+    return max(jl.supply(now, max(share, 1e-6)), blocked_until - now)
+
+
+def let_go(held: Held, action: Action, value: Any = None) -> None:
+    """Tell a held task's handler what to do, once."""
+    if not held.decided.done():
+        held.decided.set_result((action, value))
+
+
+Action = Literal["release", "park", "paused", "dead", "drop", "return"]
+# What one turn of the dispatcher did for a domain (`gate`: waits for the fleet's capacity).
+Decided = Literal["empty", "release", "dead", "drop", "gate", "wait", "parked"]
+
+
+@dataclass
+class Held:
+    """A task taken from a shard, its message unacked, waiting for the dispatcher's word."""
+
+    task: Task
+    message: Delivery
+    since: float
+    decided: asyncio.Future[tuple[Action, Any]]
+
+
+@dataclass
+class JobLine:
+    """One job's tasks in one domain: held here, and (an estimate) parked in the tiers."""
+
+    held: collections.deque[Held] = field(default_factory=collections.deque)
+    # When the tasks parked in the tiers come back: whole second -> how many (an estimate:
+    # a governor that restarts starts again from none).
+    returns: dict[int, int] = field(default_factory=dict)
+    served: float = 0.0  # releases divided by the job's weight (stride scheduling)
+
+    def came_back(self, second: int) -> None:
+        """One task parked to come back in `second` is back: no longer to come."""
+        left = self.returns.get(second, 0) - 1
+        if left > 0:
+            self.returns[second] = left
+        elif left == 0:
+            del self.returns[second]
+
+    def parked(self, now: float) -> int:
+        for second in [t for t in self.returns if t + 1 <= now]:
+            del self.returns[second]  # back by now
+        return sum(self.returns.values())
+
+    def supply(self, now: float, share: float) -> float:
+        """Seconds of this job's share of the rate that its tasks cover without a gap: those
+        held, then those parked, as they come back, as long as each comes back in time."""
+        tasks = float(len(self.held))
+        for second in sorted(t for t in self.returns if t >= now):
+            if tasks < share * (second - now):
+                break  # a gap before these come back
+            tasks += self.returns[second]
+        return tasks / share
+
+
+@dataclass
+class DomainLine:
+    jobs: dict[str, JobLine] = field(default_factory=dict)
+    seq: int = 0  # the version of its heap entry; an entry with another is stale
+    scheduled: bool = False
+    blocked_until: float = 0.0  # a long wait (pause, robots.txt, takeover): new tasks park at once
+    touched: float = 0.0
+    busy_since: float | None = None  # since when it has always had a task held
+    releases: dict[int, int] = field(default_factory=dict)  # whole second -> releases in it (the last few)
+
+    def held_count(self) -> int:
+        return sum(len(j.held) for j in self.jobs.values())
+
+    def released(self, now: float) -> None:
+        second = int(now)
+        self.releases[second] = self.releases.get(second, 0) + 1
+        if len(self.releases) > PACE_SECONDS + 1:
+            for old in [t for t in self.releases if t < second - PACE_SECONDS]:
+                del self.releases[old]
+
+    def pace(self, now: float) -> float | None:
+        """The most releases in one whole second of the last few, counting only seconds it
+        was busy throughout (always a task held): the pace the fleet can drain it at when
+        its concurrency cap, its fetch time or the fetchers' capacity keep it below its
+        rate. The peak, not the mean: a moment the fleet was full must not make the domain
+        look slow (its parked tasks would then come back too late). None until it has been
+        busy for a whole second."""
+        if self.busy_since is None:
+            return None
+        first, last = int(self.busy_since) + 1, int(now) - 1
+        counts = [self.releases.get(t, 0) for t in range(max(first, last - PACE_SECONDS + 1), last + 1)]
+        return float(max(counts)) if counts else None
+
+
+RunState = Literal["running", "paused", "cancelled"]
+STATE_AFTER: dict[str, RunState] = {"pause": "paused", "resume": "running", "cancel": "cancelled"}
+
+
+@dataclass
+class JobState:
+    state: RunState = "running"
+    state_at: float = 0.0
+    weight: float = 1.0
+    weight_at: float = 0.0
