@@ -30,11 +30,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from governor_common import bench_vhost, child_env
+from hutch_sandbox import Sandbox
+from hutch_sandbox.config import SandboxConfig, SiteConfig
 
 from hutch.amqp import Broker
 from hutch.models import FieldRule, Spec
-from hutch_sandbox import Sandbox
-from hutch_sandbox.config import SandboxConfig, SiteConfig
 from hutch.services.control.submit import submit
 from hutch.services.control.supervisor import Supervisor
 from hutch.settings import Settings

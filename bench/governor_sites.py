@@ -33,10 +33,10 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from governor_common import bench_vhost, child_env
-
-from hutch.amqp import Broker
 from hutch_sandbox import Sandbox, load_config
 from hutch_sandbox.accesslog import AccessRecord
+
+from hutch.amqp import Broker
 from hutch.services.control.submit import submit
 from hutch.services.control.supervisor import Supervisor
 from hutch.settings import Settings

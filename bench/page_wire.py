@@ -30,10 +30,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from broker_node import private_node
 from governor_common import bench_vhost, broker_pid, cpu_seconds, use_node
+from hutch_sandbox.pages import render_page
 
 from hutch.amqp import Broker, Delivery
 from hutch.models import Page, Task, task_id
-from hutch_sandbox.pages import render_page
 from hutch.settings import Settings
 
 IN_FLIGHT = 16  # publishes awaiting their confirm at once, as a fetcher's concurrency

@@ -41,8 +41,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
 
-from hutch.amqp import Broker
 from hutch_sandbox import AccessRecord, Sandbox, load_config
+
+from hutch.amqp import Broker
 from hutch.services.control.submit import submit
 from hutch.services.control.supervisor import Supervisor
 from hutch.services.proxy_manager import state

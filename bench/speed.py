@@ -52,10 +52,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import yaml
 from broker_node import private_node
 from governor_common import bench_vhost, child_env, use_node
-
 from hutch_sandbox.accesslog import AccessRecord
 from hutch_sandbox.config import SandboxConfig, SiteConfig, load_config
 from hutch_sandbox.runner import wait_for_ready_file
+
 from hutch.services.control.supervisor import Supervisor
 from hutch.settings import Settings
 from hutch.store import Store

@@ -15,13 +15,13 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from hutch.targets import parse_resolve
 from hutch_sandbox.accesslog import AccessLog, AccessRecord
 from hutch_sandbox.config import SandboxConfig, load_config
 from hutch_sandbox.hostcount import HostCounter, HostStats
 from hutch_sandbox.proxy import ProxyServer
 from hutch_sandbox.site import SiteServer
 from hutch_sandbox.tls import TestCA
-from hutch.targets import parse_resolve
 
 __all__ = ["Sandbox", "WildcardEntries"]
 

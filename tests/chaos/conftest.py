@@ -23,9 +23,9 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
+from hutch_sandbox import Sandbox, expected_page, load_config
 
 from hutch.models import FieldRule, Spec
-from hutch_sandbox import Sandbox, expected_page, load_config
 from hutch.settings import Settings
 from hutch.store import JobCounts, sqlite_path
 

@@ -9,8 +9,8 @@ must still end with every URL stored or dead and exactly one item per stored URL
 from __future__ import annotations
 
 import pytest
-
 from hutch_sandbox import Sandbox
+
 from hutch.settings import Settings
 
 from ..brokers import BrokerNode

@@ -12,8 +12,8 @@ import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
-
 from hutch_sandbox import Sandbox
+
 from hutch.settings import Settings
 
 from ..brokers import BrokerNode

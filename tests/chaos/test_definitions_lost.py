@@ -15,10 +15,10 @@ import asyncio
 
 import aio_pika
 import pytest
+from hutch_sandbox import Sandbox
 
 from hutch.amqp import topology_for
 from hutch.domains import domain_of
-from hutch_sandbox import Sandbox
 from hutch.settings import Settings
 
 from ..brokers import BrokerNode

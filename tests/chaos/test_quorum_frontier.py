@@ -12,10 +12,10 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from hutch_sandbox import Sandbox
 
 from hutch.amqp import Broker
 from hutch.models import JobControl
-from hutch_sandbox import Sandbox
 from hutch.services.control.jobs import append_control
 from hutch.settings import Settings
 

@@ -24,8 +24,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import pytest
-
 from hutch_sandbox import Sandbox
+
 from hutch.settings import Settings
 from hutch.store import sqlite_path
 

@@ -9,10 +9,10 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from hutch_sandbox import Sandbox, load_config
 
 from hutch.amqp import Broker
 from hutch.models import Spec
-from hutch_sandbox import Sandbox, load_config
 from hutch.services.control.submit import submit
 from hutch.services.control.supervisor import Supervisor
 from hutch.settings import Settings

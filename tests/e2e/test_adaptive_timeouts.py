@@ -14,9 +14,9 @@ import re
 from collections.abc import AsyncIterator
 
 import pytest
-
 from hutch_sandbox import Sandbox
 from hutch_sandbox.config import SandboxConfig
+
 from hutch.settings import Settings
 from hutch.store import Store
 

@@ -29,12 +29,12 @@ from urllib.parse import urlsplit
 import aiormq
 import httpx
 import pytest
+from hutch_sandbox import Sandbox, expected_page, load_config
 from parsel import Selector
 
 from hutch.amqp import Broker
 from hutch.domains import domain_of
 from hutch.models import DeadLetter, Task
-from hutch_sandbox import Sandbox, expected_page, load_config
 from hutch.services.control.cli import main
 from hutch.settings import Settings
 from hutch.store import Store

@@ -11,8 +11,8 @@ import asyncio
 import time
 
 import pytest
-
 from hutch_sandbox import Sandbox
+
 from hutch.settings import Settings
 from hutch.store import Store
 

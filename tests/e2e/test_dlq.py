@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from hutch_sandbox import Sandbox
+
 from hutch.settings import Settings
 
 from .conftest import Services

@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hutch_sandbox import AccessRecord, Sandbox, expected_page, load_config
 
 from hutch.admin import delete_namespace
 from hutch.amqp import Broker
-from hutch_sandbox import AccessRecord, Sandbox, expected_page, load_config
 from hutch.services.control.dlq import replay
 from hutch.services.control.submit import submit
 from hutch.services.control.supervisor import Supervisor

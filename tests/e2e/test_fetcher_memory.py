@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from hutch_sandbox import Sandbox
+
 from hutch.settings import Settings
 from hutch.store import Store
 

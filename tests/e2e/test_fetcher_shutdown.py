@@ -15,8 +15,8 @@ import time
 from collections.abc import AsyncIterator
 
 import pytest
-
 from hutch_sandbox import Sandbox, SandboxConfig
+
 from hutch.settings import Settings
 from hutch.store import Store
 

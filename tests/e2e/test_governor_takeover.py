@@ -10,10 +10,10 @@ import asyncio
 import time
 
 import pytest
+from hutch_sandbox import Sandbox
 
 from hutch.amqp import Broker
 from hutch.models import FieldRule, Spec
-from hutch_sandbox import Sandbox
 from hutch.services.control.submit import submit
 from hutch.services.control.supervisor import Supervisor
 from hutch.services.governor.status import domain_status

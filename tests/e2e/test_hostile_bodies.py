@@ -22,8 +22,8 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
-
 from hutch_sandbox import Sandbox, SandboxConfig
+
 from hutch.services.proxy_manager.pool import proxy_id
 from hutch.settings import Settings
 from hutch.store import Store

@@ -17,10 +17,10 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
-
-from hutch.models import FieldRule, Spec
 from hutch_sandbox import Sandbox
 from hutch_sandbox.config import SandboxConfig
+
+from hutch.models import FieldRule, Spec
 from hutch.settings import Settings
 from hutch.store import Store
 

@@ -24,11 +24,11 @@ from urllib.parse import quote
 
 import httpx
 import pytest
+from hutch_sandbox import Sandbox, load_config
+from hutch_sandbox.hostile.urls import TARGETS
 
 from hutch.admin import delete_namespace
 from hutch.amqp import Broker
-from hutch_sandbox import Sandbox, load_config
-from hutch_sandbox.hostile.urls import TARGETS
 from hutch.services.control.submit import submit
 from hutch.services.control.supervisor import Supervisor
 from hutch.settings import Settings

@@ -14,10 +14,10 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
+from hutch_sandbox import Sandbox, load_config
 
 from hutch.amqp import Broker, queue_depth
 from hutch.models import FieldRule, JobControl, Spec
-from hutch_sandbox import Sandbox, load_config
 from hutch.services.control.jobs import append_control
 from hutch.settings import Settings
 from hutch.store import Store

@@ -11,9 +11,9 @@ import time
 from urllib.parse import urlsplit
 
 import pytest
+from hutch_sandbox import Sandbox, expected_page
 
 from hutch.models import FieldRule, Spec
-from hutch_sandbox import Sandbox, expected_page
 from hutch.settings import Settings
 from hutch.store import Store
 

@@ -14,8 +14,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import pytest
-
 from hutch_sandbox import AccessRecord, Sandbox, SandboxConfig
+
 from hutch.services.proxy_manager.pool import proxy_id
 from hutch.settings import Settings
 from hutch.store import Store

@@ -16,10 +16,10 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from hutch_sandbox import Sandbox, load_config
 
 from hutch.amqp import Broker, Consumer, Delivery
 from hutch.models import Task
-from hutch_sandbox import Sandbox, load_config
 from hutch.services.control.supervisor import SERVICES, Supervisor
 from hutch.settings import Settings
 from hutch.store import Store

@@ -10,10 +10,10 @@ import time
 from urllib.parse import unquote, urlsplit
 
 import pytest
+from hutch_sandbox import Sandbox
 
 from hutch.amqp import Broker, topology_for
 from hutch.models import DeadLetter, decode
-from hutch_sandbox import Sandbox
 from hutch.settings import Settings
 from hutch.store import Store
 from hutch.topology import outcome_key

@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 import pytest
-
 from hutch_sandbox import Sandbox
 from hutch_sandbox.config import SandboxConfig
+
 from hutch.settings import Settings
 from hutch.store import Store
 

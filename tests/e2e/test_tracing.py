@@ -16,12 +16,12 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from hutch_sandbox import Sandbox
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
 )
 
-from hutch_sandbox import Sandbox
 from hutch.settings import Settings
 from hutch.store import Store
 

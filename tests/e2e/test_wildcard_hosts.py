@@ -21,9 +21,9 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from hutch_sandbox import Sandbox, WildcardEntries, expected_page, load_config
 from parsel import Selector
 
-from hutch_sandbox import Sandbox, WildcardEntries, expected_page, load_config
 from hutch.services.control.supervisor import Supervisor
 from hutch.services.fetcher.fetch import fetch, make_client
 from hutch.services.fetcher.guard import TargetGuard, parse_overrides

@@ -9,10 +9,10 @@ import zlib
 import aio_pika
 import pytest
 from aio_pika.abc import AbstractIncomingMessage
+from hutch_sandbox.pages import render_page
 
 from hutch.amqp import Broker, Dead, Delivery, PublishFailed, RpcClient, serve_rpc
 from hutch.models import DeadLetter, Lease, LeaseRequest, Page, Task, decode, encode, task_id
-from hutch_sandbox.pages import render_page
 from hutch.settings import Settings
 from hutch.topology import routing_key
 

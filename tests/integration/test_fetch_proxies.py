@@ -13,8 +13,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-
 from hutch_sandbox import Sandbox, SandboxConfig
+
 from hutch.services.fetcher.fetch import fetch, make_client
 from hutch.services.fetcher.guard import ForbiddenTarget, TargetGuard
 from hutch.services.fetcher.policy import FetchResult, load_policy

@@ -17,11 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hutch_sandbox import Sandbox, SandboxConfig
+from hutch_sandbox.accesslog import AccessRecord
 
 from hutch.amqp import Broker
 from hutch.models import Task, task_id
-from hutch_sandbox import Sandbox, SandboxConfig
-from hutch_sandbox.accesslog import AccessRecord
 from hutch.services.control.supervisor import Supervisor
 from hutch.settings import Settings
 

@@ -18,9 +18,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def build_wheel(source: Path, out: Path) -> zipfile.ZipFile:
-    # Without build isolation: the environment's own setuptools builds it, so no index is needed.
+    # With build isolation, as a user's `pip wheel` or the image's build: the build backend
+    # comes from the index, like the editable install's.
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", "-w", str(out), str(source)],
+        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(out), str(source)],
         check=True,
         timeout=120,
     )

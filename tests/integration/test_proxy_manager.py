@@ -14,10 +14,10 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
+from hutch_sandbox import Sandbox, SandboxConfig
 
 from hutch.amqp import Broker, RpcClient
 from hutch.models import Event, Lease, LeaseRequest
-from hutch_sandbox import Sandbox, SandboxConfig
 from hutch.services.proxy_manager import state
 from hutch.services.proxy_manager.app import ProxyManager
 from hutch.services.proxy_manager.pool import proxy_id

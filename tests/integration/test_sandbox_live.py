@@ -14,8 +14,6 @@ from typing import Any
 
 import httpx
 import pytest
-from parsel import Selector
-
 from hutch_sandbox import (
     BLOCK_MARKER,
     CHALLENGE_MARKER,
@@ -25,6 +23,7 @@ from hutch_sandbox import (
     expected_page,
     wait_for_ready_file,
 )
+from parsel import Selector
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(30)]
 

@@ -6,8 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from parsel import Selector
-
 from hutch_sandbox import ConfigError, FaultConfig, SandboxConfig, expected_page, load_config
 from hutch_sandbox.pages import charset_page, charset_text, render_page
 from hutch_sandbox.rules import (
@@ -18,6 +16,7 @@ from hutch_sandbox.rules import (
     is_datacenter,
     latency_seconds,
 )
+from parsel import Selector
 
 
 def _write(tmp_path: Path, text: str) -> Path:

@@ -8,9 +8,9 @@ import os
 import re
 
 import pytest
+from hutch_sandbox.hostcount import OVERFLOW, HostCounter
 from pydantic import ValidationError
 
-from hutch_sandbox.hostcount import OVERFLOW, HostCounter
 from hutch.services.fetcher.guard import ForbiddenTarget, TargetGuard, parse_overrides
 from hutch.settings import MAX_ENV_BYTES, Settings
 from hutch.targets import BadEntry, Pattern, allowed_table, parse_resolve, parse_target, resolve_table
