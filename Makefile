@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test unit integration e2e chaos lint broker bench bench-speed bench-speed-memory bench-governor bench-frontier bench-proxy bench-submit bench-store bench-parse clean help
+.PHONY: demo test unit integration e2e chaos lint broker bench bench-speed bench-floor bench-speed-memory bench-governor bench-frontier bench-proxy bench-submit bench-store bench-parse clean help
 
 help:
 	@echo "make demo   - set up, make sure RabbitMQ is reachable, run the sample job against the sandbox"
@@ -57,11 +57,15 @@ lint: $(STAMP)
 	cd build/typecheck && ../../$(VENV)/bin/mypy -p hutch -p hutch_sandbox --config-file ../../pyproject.toml
 
 # Benchmarks print their figures; docs/benchmarks.md records them with their configs.
-bench: bench-speed bench-governor bench-frontier bench-proxy bench-submit bench-store bench-parse
+bench: bench-speed bench-floor bench-governor bench-frontier bench-proxy bench-submit bench-store bench-parse
 
 # Hutch against a bare asyncio loop, on a RabbitMQ node of its own; figures in docs/benchmarks.md.
 bench-speed: $(STAMP)
 	$(PY) bench/speed.py
+
+# What one durable hop through RabbitMQ costs, with none of Hutch's code: the floor under CPU per page.
+bench-floor: $(STAMP)
+	$(PY) bench/hop_floor.py
 
 bench-speed-memory: $(STAMP)
 	$(PY) bench/speed.py --shapes memory
