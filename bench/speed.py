@@ -16,6 +16,7 @@ Shapes (each run `--runs` times; medians printed):
 - `large`: 4 domains x 530 documentation pages of about 100 KB, 20 ms latency, no limit;
 - `limited`: 4 domains x 530 of those pages at 8 requests/s each (burst 1, the default), no
   faults, with 1, 2 and 4 fetchers;
+- `limited4`: only the 4-fetcher case of `limited`;
 - `polite`: `bench/governor_sites.yaml` (6 domains x 150 pages, 4 requests/s each, with
   hangs, 500s and 429s) on default settings otherwise;
 - `bare`: the bare loop (`bench/bare_loop.py`, 16 in flight) on the small and the large pages;
@@ -121,6 +122,8 @@ def shapes(selected: list[str]) -> list[Shape]:
             Shape(f"~100 KB pages, 8/s per domain, {n} fetcher(s)", sites(4, 530, page_kb=100), 8.0, fetchers=n)
             for n in (1, 2, 4)
         ],
+        # The 4-fetcher case alone, for looking into the worst second at the site.
+        "limited4": [Shape("~100 KB pages, 8/s per domain, 4 fetcher(s)", sites(4, 530, page_kb=100), 8.0, fetchers=4)],
         "polite": [Shape("polite with faults, 4/s, defaults", polite.sites, 4.0, seed=polite.seed)],
         "bare": [
             Shape("bare loop, small pages", sites(4, 1000), None, bare=True),

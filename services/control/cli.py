@@ -43,6 +43,7 @@ from hutch.services.control.jobs import (
 )
 from hutch.services.control.submit import (
     JobNameError,
+    Submitted,
     UrlFileError,
     check_job_name,
     check_urls,
@@ -233,6 +234,30 @@ def _export(store_location: str, job: str, out: Path | None) -> int:
         store.close()
 
 
+async def _submit_file(
+    broker: Broker,
+    store: AsyncStore,
+    settings: Settings,
+    job: str,
+    path: Path,
+    spec: Spec | None,
+    tier_floor: str | None,
+    weight: float | None,
+) -> Submitted:
+    """A URL file into a job; a weight goes on the jobs stream before any task of the job is out."""
+    if weight is not None:
+        await append_control(broker, control_record(job, "weight", weight))
+    return await submit(
+        broker,
+        store,
+        job,
+        valid_urls(path, settings.max_url_bytes),
+        spec,
+        tier_floor=tier_floor,
+        max_url_bytes=settings.max_url_bytes,
+    )
+
+
 # -- commands -----------------------------------------------------------------------------
 
 
@@ -246,17 +271,7 @@ async def cmd_submit(args: argparse.Namespace) -> int:
     broker = await _connect(settings)
     store = await AsyncStore(settings.store_location).open()
     try:
-        if args.weight is not None:  # on the stream before any task of the job is out
-            await append_control(broker, control_record(job, "weight", args.weight))
-        result = await submit(
-            broker,
-            store,
-            job,
-            valid_urls(path, settings.max_url_bytes),
-            spec,
-            tier_floor=args.tier_floor,
-            max_url_bytes=settings.max_url_bytes,
-        )
+        result = await _submit_file(broker, store, settings, job, path, spec, args.tier_floor, args.weight)
     finally:
         await store.close()
         await broker.close()
@@ -533,17 +548,7 @@ async def run_job(
                 await supervisor.wait_ready(timeout=60)
             except TimeoutError as exc:
                 raise UserError(f"{exc}; run with --verbose to see their logs") from None
-        if weight is not None:
-            await append_control(broker, control_record(job, "weight", weight))
-        result = await submit(
-            broker,
-            store,
-            job,
-            valid_urls(path, settings.max_url_bytes),
-            spec,
-            tier_floor=tier_floor,
-            max_url_bytes=settings.max_url_bytes,
-        )
+        result = await _submit_file(broker, store, settings, job, path, spec, tier_floor, weight)
         print(f"job {job}: {result.published} tasks submitted", file=sys.stderr)
         deadline = time.monotonic() + timeout if timeout else None
         while True:
