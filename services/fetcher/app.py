@@ -2,7 +2,8 @@
 
 A fetcher never decides when to hit a site: it only fetches tasks that hold a fresh permit.
 A task whose permit expired, or reached this fetcher later than its rate can absorb
-(`lateness`), goes back to the frontier without spending an attempt (the governor's
+(`lateness`; asked again as the request's first byte goes out, see `fetch.NotSent`), goes
+back to the frontier without spending an attempt (the governor's
 business, bounded by time). Every error that belongs to the task spends one, so
 the task's attempt budget bounds it and it ends dead: a task that a fetcher died holding
 (the AMQP layer counts the crash in its headers) is recorded as an attempt `crashed` and is
@@ -27,6 +28,7 @@ import logging
 import os
 import socket
 import time
+from collections.abc import Callable
 
 import httpx
 from aio_pika.exceptions import AMQPError
@@ -35,7 +37,7 @@ from hutch.amqp import Delivery, PublishFailed, RpcClient
 from hutch.models import Attempt, Event, FetcherHeartbeat, Lease, LeaseRequest, Page, RobotsFetched, Task
 from hutch.service import Service
 from hutch.services.fetcher.charsets import decode_body
-from hutch.services.fetcher.fetch import fetch, make_client
+from hutch.services.fetcher.fetch import NotSent, fetch, make_client, warm_up
 from hutch.services.fetcher.guard import TargetGuard, parse_overrides
 from hutch.services.fetcher.lateness import Lateness
 from hutch.services.fetcher.policy import Decision, FetchResult, decide, load_policy
@@ -57,6 +59,15 @@ class Fetcher(Service):
         self.configure()
         s = self.settings
         self.rpc: RpcClient | None = await RpcClient(self.broker).start() if s.use_proxy_manager else None
+        # The direct client and one request's code paths are ready before the first permit
+        # arrives: met on the way to a fetch, their tens of milliseconds would make it late.
+        self._client(None)
+        try:
+            warmed = await warm_up(self.policy, s.user_agent)
+            if warmed.outcome != "ok":
+                log.warning("fetch warm-up got %s: %s", warmed.outcome, warmed.detail)
+        except Exception as exc:  # only the first fetch's time is at stake
+            log.warning("fetch warm-up failed: %s", exc)
         await self.broker.consume(
             self.broker.topology.fetch_ready, Task, self._on_task, stage="fetch", prefetch=s.concurrency
         )
@@ -135,9 +146,10 @@ class Fetcher(Service):
             )
         return client
 
-    async def _fetch(self, task: Task, lease: Lease) -> FetchResult | None:
+    async def _fetch(self, task: Task, lease: Lease, on_time: Callable[[], bool]) -> FetchResult | None:
         """One fetch as its own asyncio task, so a shutdown can cancel it without cancelling the
-        handler; None when it was cancelled that way."""
+        handler; None when it was cancelled that way. `NotSent` when the permit's moment passed
+        before the request's first byte went out."""
         timeouts = self._timeouts(task)
         job = asyncio.create_task(
             fetch(
@@ -151,6 +163,7 @@ class Fetcher(Service):
                 read_timeout=timeouts.read,
                 max_body_bytes=self.settings.max_body_bytes,
                 max_encodings=self.settings.max_content_encodings,
+                on_time=on_time,
             )
         )
         self._fetches.add(job)
@@ -240,7 +253,10 @@ class Fetcher(Service):
                 return
             started = time.monotonic()
             try:
-                result = await self._fetch(task, lease)
+                result = await self._fetch(task, lease, on_time=lambda: not too_late())
+            except NotSent:  # late at the last moment: the site saw nothing
+                await self._back_to_frontier(task, "permit_late")
+                return
             except Exception as exc:  # a bug or an input nothing foresaw: an outcome like any other
                 log.exception("fetching task %s failed unexpectedly", task.id)
                 result = _error(exc, time.monotonic() - started)

@@ -16,16 +16,23 @@ fails the tunnel (`httpx.ProxyError`). A 407 or `Proxy-Status` sent by the site 
 answer, whoever carried it. Without a proxy nothing is ever a proxy failure. Redirects are not followed here:
 each hop is a request to a site and goes back through the governor as a new attempt (see
 policy.py). Every failure becomes a `FetchResult` whose outcome is a key of
-`policy.DEFAULT_RULES`; nothing here raises.
+`policy.DEFAULT_RULES`; nothing here raises, but for `NotSent`.
+
+A caller that must not send late (a permit's moment at the site, see lateness.py) gives
+`on_time`: it is asked again just before the request's first byte goes out, after whatever
+the connection pool, a new connection or a busy event loop cost, through httpcore's `trace`
+hook; when it says no, the request is withdrawn unsent (`NotSent`), so the site never sees it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import email.utils
+import functools
 import ssl
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from urllib.parse import urljoin, urlsplit
 
 import certifi
@@ -52,13 +59,31 @@ DESTINATION_ERRORS = (
 )
 
 
+@functools.cache
 def tls_context(ca_file: str | None) -> ssl.SSLContext:
     """The certificates a fetch trusts: certifi's bundle (httpx's default), or only `ca_file`
-    (HUTCH_CA_FILE)."""
+    (HUTCH_CA_FILE). Loaded once per file and shared by every client (a context serves any
+    number of connections): loading the bundle takes 30-45 ms, which a fetch made on the way
+    to its permit's moment cannot absorb."""
     return ssl.create_default_context(cafile=ca_file or certifi.where())
 
 
 LOCATION = "hutch.location"  # where a redirect's raw Location waits for the URL validator
+
+
+class NotSent(Exception):
+    """The request was withdrawn before its first byte went out: `on_time` said no."""
+
+
+def _before_headers(on_time: Callable[[], bool]) -> Callable[[str, dict[str, object]], Awaitable[None]]:
+    """httpcore's trace hook, asking `on_time` as the request head is about to be written (for
+    a tunnel, both for the CONNECT and for the request inside it)."""
+
+    async def trace(event: str, info: dict[str, object]) -> None:
+        if event.endswith("send_request_headers.started") and not on_time():
+            raise NotSent(event)
+
+    return trace
 
 
 async def _hold_location(response: httpx.Response) -> None:
@@ -192,8 +217,10 @@ async def fetch(
     max_body_bytes: int,
     max_encodings: int = 2,
     read_timeout: float | None = None,
+    on_time: Callable[[], bool] | None = None,
 ) -> FetchResult:
-    """Fetch `url`; `read_timeout`, when given, replaces the client's own for this request."""
+    """Fetch `url`; `read_timeout`, when given, replaces the client's own for this request;
+    `on_time`, when given, may withdraw it unsent (`NotSent`) up to its first byte."""
     started = time.monotonic()
     proxied = proxy is not None
     timeouts = _with_read(client.timeout, read_timeout)
@@ -204,6 +231,8 @@ async def fetch(
     try:
         async with asyncio.timeout(total_timeout):
             request = client.build_request("GET", url, timeout=timeouts)
+            if on_time is not None:
+                request.extensions["trace"] = _before_headers(on_time)
             # Inside a CONNECT tunnel (https) every answer is the site's: the proxy cannot write there.
             names = proxy_names(proxy) if request.url.scheme == "http" else frozenset()
             if proxied:
@@ -266,6 +295,31 @@ async def _answer(
 
 # What `fetch` turns into an outcome; anything else is a bug and propagates (the fetcher
 # records it as `error`).
+async def warm_up(policy: Policy, user_agent: str) -> FetchResult:
+    """One request through the same stack as every fetch (guard, connection pool, anyio,
+    h11, body decoding), to a listener of this process's own on loopback: the modules and
+    code paths a process's first request loads on its way (40 ms on a quiet machine, 60-180
+    on a loaded one: a first robots.txt went out that late in `bench/speed.py`) are loaded
+    before a permit's moment waits on them. Nothing leaves the process; a failure here only
+    costs the first fetch that time. What the request got (outcome `ok` when all went well)."""
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(Exception):
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: 2\r\n\r\nok")
+            await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    guard = TargetGuard([f"127.0.0.1:{port}"])
+    async with server:
+        client = make_client(proxy=None, guard=guard, user_agent=user_agent, connect_timeout=5, read_timeout=5)
+        async with client:
+            return await fetch(client, f"http://127.0.0.1:{port}/", domain="127.0.0.1", guard=guard, proxy=None,
+                               policy=policy, total_timeout=5, max_body_bytes=1024, on_time=lambda: True)
+
+
 FAILURES = (
     ForbiddenTarget, ResolveError, BodyTooLarge, BadEncoding, TimeoutError,
     httpx.TransportError, httpx.DecodingError, httpx.InvalidURL,

@@ -3,19 +3,22 @@
 No broker: `fetch()` against the sandbox, as the fetcher calls it. A proxy's own refusal (a
 407 it signs, a 407 to a CONNECT, a 502 it signs) is a `proxy_failure`; the same statuses from
 the site, carried by the proxy, are the site's answers; an https page comes through a tunnel
-with the sandbox's CA trusted. And the guard checks the host as it goes on the wire.
+with the sandbox's CA trusted. And the guard checks the host as it goes on the wire. A
+request asked at its first byte whether it is still on time (a permit's moment, see the
+fetcher's lateness) is withdrawn unsent when it is not: the site never sees it.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import httpx
 import pytest
 from hutch_sandbox import Sandbox, SandboxConfig
 
-from hutch.services.fetcher.fetch import fetch, make_client
+from hutch.services.fetcher.fetch import NotSent, fetch, make_client, warm_up
 from hutch.services.fetcher.guard import ForbiddenTarget, TargetGuard
 from hutch.services.fetcher.policy import FetchResult, load_policy
 
@@ -38,7 +41,9 @@ async def sandbox() -> AsyncIterator[Sandbox]:
         yield box
 
 
-async def get(sandbox: Sandbox, url: str, proxy: str | None, tmp_path: Path) -> FetchResult:
+async def get(
+    sandbox: Sandbox, url: str, proxy: str | None, tmp_path: Path, on_time: Callable[[], bool] | None = None
+) -> FetchResult:
     assert sandbox.ca is not None
     guard = TargetGuard(sandbox.allowed_targets())
     client = make_client(
@@ -47,7 +52,7 @@ async def get(sandbox: Sandbox, url: str, proxy: str | None, tmp_path: Path) -> 
     )
     async with client:
         return await fetch(client, url, domain="d", guard=guard, proxy=proxy, policy=POLICY,
-                           total_timeout=10, max_body_bytes=1 << 20)
+                           total_timeout=10, max_body_bytes=1 << 20, on_time=on_time)
 
 
 def without_credentials(url: str) -> str:
@@ -116,3 +121,63 @@ async def test_through_a_proxy_the_guard_checks_the_idna_host_that_is_sent(sandb
     assert result.outcome == "forbidden_target"
     assert seen == ["xn--bcher-kva.example"]
     assert not sandbox.proxy_log("open")  # refused before anything was sent
+
+
+def site_requests(sandbox: Sandbox, site: str) -> list[str]:
+    return [r.path for r in sandbox.log if r.kind == "site" and r.site == site]
+
+
+@pytest.mark.parametrize("site", ["plain", "secure"])
+@pytest.mark.parametrize("via", ["direct", "proxy"])
+async def test_a_request_whose_moment_passed_before_its_first_byte_is_withdrawn_unsent(
+    sandbox: Sandbox, tmp_path: Path, site: str, via: str
+) -> None:
+    # A permit that became late between the fetcher's last look and the wire (a busy event
+    # loop, a new connection): the request is withdrawn, and the site never sees it.
+    proxy = sandbox.proxies["open"].url if via == "proxy" else None
+    asked: list[float] = []
+
+    def late() -> bool:
+        asked.append(time.monotonic())
+        return False
+
+    with pytest.raises(NotSent):
+        await get(sandbox, sandbox.sites[site].page_url(0), proxy, tmp_path, on_time=late)
+    assert asked
+    assert site_requests(sandbox, site) == []
+
+
+@pytest.mark.parametrize("via", ["direct", "proxy"])
+async def test_a_request_on_time_at_its_first_byte_is_sent_and_answered(
+    sandbox: Sandbox, tmp_path: Path, via: str
+) -> None:
+    proxy = sandbox.proxies["open"].url if via == "proxy" else None
+    asked: list[str] = []
+    for site in ("plain", "secure"):
+
+        def on_time(site: str = site) -> bool:
+            asked.append(site)
+            return True
+
+        result = await get(sandbox, sandbox.sites[site].page_url(1), proxy, tmp_path, on_time=on_time)
+        assert (result.outcome, result.status) == ("ok", 200)
+        assert site_requests(sandbox, site) == ["/page/1"]
+    # Asked for every request head: through a proxy, the tunnel's CONNECT and the request in it.
+    assert asked == (["plain", "secure", "secure"] if via == "proxy" else ["plain", "secure"])
+
+
+async def test_through_a_tunnel_the_request_inside_is_withdrawn_when_it_became_late_after_the_connect(
+    sandbox: Sandbox, tmp_path: Path
+) -> None:
+    answers = iter([True, False])  # on time for the CONNECT, late for the page
+    with pytest.raises(NotSent):
+        await get(sandbox, sandbox.sites["secure"].page_url(0), sandbox.proxies["open"].url, tmp_path,
+                  on_time=lambda: next(answers))
+    assert site_requests(sandbox, "secure") == []
+    assert sandbox.proxy_log("open")  # the tunnel was made; nothing went through it
+
+
+async def test_the_warm_up_request_goes_to_a_listener_of_the_process_own_and_is_answered() -> None:
+    # Run by every fetcher before its first permit: the whole fetch stack, on loopback only.
+    result = await warm_up(POLICY, "test")
+    assert (result.outcome, result.status, result.body) == ("ok", 200, b"ok")

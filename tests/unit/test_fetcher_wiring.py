@@ -5,11 +5,13 @@ policy's (tests/unit/test_policy.py); here, that the two meet the queues as they
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import pytest
 
 from hutch.models import Event, Lease, Page, Permit, Task
 from hutch.services.fetcher.app import Fetcher
+from hutch.services.fetcher.fetch import NotSent
 from hutch.services.fetcher.policy import FetchResult, decide
 from hutch.settings import Settings
 from hutch.topology import outcome_key
@@ -106,6 +108,28 @@ async def test_an_expired_permit_sends_the_task_back_unspent_without_fetching(
     assert (back.permit, back.attempts, back.history) == (None, 0, [])
     event = the_event(broker)
     assert (event.outcome, event.next) == ("permit_expired", "frontier")
+    assert f.busy == 0
+
+
+async def test_a_permit_late_at_the_first_byte_sends_the_task_back_unspent_and_frees_the_slot(
+    fetcher: tuple[Fetcher, RecordingBroker], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    f, broker = fetcher
+    asked: list[bool] = []
+
+    async def withdrawn(t: Task, lease: Lease, on_time: Callable[[], bool]) -> FetchResult:
+        asked.append(on_time())  # on time when the fetch starts...
+        raise NotSent("http11.send_request_headers.started")  # ...and late at the wire
+
+    monkeypatch.setattr(f, "_fetch", withdrawn)
+    fresh = task()
+    await f._on_task(fresh, delivery(fresh))
+    assert asked == [True]
+    (sent,) = broker.to(broker.topology.frontier)
+    back = sent.as_(Task)
+    assert (back.permit, back.attempts, back.history) == (None, 0, [])
+    event = the_event(broker)
+    assert (event.outcome, event.next) == ("permit_late", "frontier")
     assert f.busy == 0
 
 
