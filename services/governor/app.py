@@ -84,7 +84,7 @@ from hutch.models import (
 )
 from hutch.service import Service
 from hutch.services.governor.capacity import FleetCapacity
-from hutch.services.governor.core import Core, CoreConfig
+from hutch.services.governor.core import ROBOTS_JOB, Core, CoreConfig
 from hutch.services.governor.limits import Limits
 from hutch.services.governor.lines import (
     PACED_PARK_MAX,
@@ -539,11 +539,16 @@ class Governor(Service):
 
     def _share(self, domain: str, line: DomainLine, job: str) -> float:
         """This job's share of the domain's rate (tasks per second), by the weights of the
-        jobs the domain has work of."""
+        jobs the domain has work of. A robots.txt task (a fetcher gives one back when its
+        permit came late) is nobody's work: counted as a job of its own, it halved the
+        share while it was held, and a job's backlog arriving then was parked twice as long
+        (120 s tiers for a domain a minute from its end, in `bench/speed.py`)."""
         rate = self.core.rate_of(domain)
         now = time.time()
         weights = sum(
-            self._job(name).weight for name, jl in line.jobs.items() if name == job or jl.held or jl.parked(now)
+            self._job(name).weight
+            for name, jl in line.jobs.items()
+            if name == job or (name != ROBOTS_JOB and (jl.held or jl.parked(now)))
         )
         return rate * self._job(job).weight / max(weights, 1e-9)
 

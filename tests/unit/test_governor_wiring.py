@@ -7,6 +7,7 @@ dispatcher and the publishes meet as they should."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import itertools
 from collections.abc import AsyncIterator
@@ -15,6 +16,7 @@ import pytest
 
 from hutch.models import Event, FetcherHeartbeat, Task
 from hutch.services.governor.app import Governor
+from hutch.services.governor.lines import Held, JobLine
 from hutch.settings import Settings
 from hutch.topology import FETCH_KEY, HEARTBEAT, outcome_key
 
@@ -74,3 +76,24 @@ async def test_with_every_slot_in_use_a_task_waits_at_the_gate_until_an_outcome_
     await g._on_event(delivery(outcome, routing_key=outcome_key("a.example", proxied=False)))
     await asyncio.wait_for(second, 5)
     assert [t.id for t in released(broker)] == ["t1", "t2"]
+
+
+async def test_a_robots_task_given_back_takes_no_share_of_its_domain_from_the_job_behind_it(
+    governor: tuple[Governor, RecordingBroker],
+) -> None:
+    # A fetcher gives a robots.txt task back to the frontier when its permit came late: held
+    # in the domain's line, it must not count as a second job, or the job's backlog arriving
+    # meanwhile is parked for twice as long as its share of the rate says.
+    g, _ = governor
+    domain = "a.example"
+    line = g._line(domain)
+    job_line = line.jobs["j"] = JobLine()
+    job_line.held.append(Held(task(1, domain), delivery(), 0.0, asyncio.get_running_loop().create_future()))
+    robots = g.core.robots_task("http://a.example", domain)
+    robots_line = line.jobs[robots.job] = JobLine()
+    robots_line.held.append(Held(robots, delivery(), 0.0, asyncio.get_running_loop().create_future()))
+    assert g._share(domain, line, "j") == pytest.approx(g.core.rate_of(domain))
+    # A second job does share it.
+    line.jobs["k"] = JobLine(held=collections.deque([Held(task(2, domain), delivery(), 0.0,
+                                                          asyncio.get_running_loop().create_future())]))
+    assert g._share(domain, line, "j") == pytest.approx(g.core.rate_of(domain) / 2)
