@@ -625,14 +625,13 @@ def sandbox_package() -> Any:
 
 def cmd_sandbox(args: argparse.Namespace) -> int:
     sandbox = sandbox_package()
-    ConfigError, load_config, run_forever = sandbox.ConfigError, sandbox.load_config, sandbox.run_forever
     try:
-        load_config(args.config)  # refuse a bad config before binding anything
+        sandbox.load_config(args.config)  # refuse a bad config before binding anything
     except OSError as exc:
         raise UserError(f"cannot read sandbox config {args.config}: {exc.strerror}") from None
-    except ConfigError as exc:
+    except sandbox.ConfigError as exc:
         raise UserError(str(exc)) from None
-    run_forever(args.config, args.urls_out, args.proxies_out, args.access_log)
+    sandbox.run_forever(args.config, args.urls_out, args.proxies_out, args.access_log)
     return 0
 
 

@@ -59,8 +59,10 @@ class Fetcher(Service):
         self.configure()
         s = self.settings
         self.rpc: RpcClient | None = await RpcClient(self.broker).start() if s.use_proxy_manager else None
-        # The direct client and one request's code paths are ready before the first permit
-        # arrives: met on the way to a fetch, their tens of milliseconds would make it late.
+        # Ready before the first permit arrives, since met on the way to a fetch their tens
+        # of milliseconds would make it late: the direct client with its TLS context (the
+        # configured CA file's, which the warm-up's client does not load) and one request's
+        # modules and code paths (the warm-up).
         self._client(None)
         try:
             warmed = await warm_up(self.policy, s.user_agent)
