@@ -2,7 +2,7 @@
 
 A fetcher never decides when to hit a site: it only fetches tasks that hold a fresh permit.
 A task whose permit expired, or reached this fetcher later than its rate can absorb
-(`lateness`; asked again as the request's first byte goes out, see `fetch.NotSent`), goes
+(`lateness`; asked again at the request's first step on the network, see `fetch.NotSent`), goes
 back to the frontier without spending an attempt (the governor's
 business, bounded by time). Every error that belongs to the task spends one, so
 the task's attempt budget bounds it and it ends dead: a task that a fetcher died holding

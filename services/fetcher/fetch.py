@@ -19,9 +19,10 @@ policy.py). Every failure becomes a `FetchResult` whose outcome is a key of
 `policy.DEFAULT_RULES`; nothing here raises, but for `NotSent`.
 
 A caller that must not send late (a permit's moment at the site, see lateness.py) gives
-`on_time`: it is asked again just before the request's first byte goes out, after whatever
-the connection pool, a new connection or a busy event loop cost, through httpcore's `trace`
-hook; when it says no, the request is withdrawn unsent (`NotSent`), so the site never sees it.
+`on_time`: it is asked again at the request's first step on the network (a new
+connection's connect, or the request head on a kept-alive one), after whatever the
+connection pool or a busy event loop cost, through httpcore's `trace` hook; when it says no,
+the request is withdrawn unsent (`NotSent`), so the site never sees it.
 """
 
 from __future__ import annotations
@@ -75,12 +76,21 @@ class NotSent(Exception):
     """The request was withdrawn before its first byte went out: `on_time` said no."""
 
 
-def _before_headers(on_time: Callable[[], bool]) -> Callable[[str, dict[str, object]], Awaitable[None]]:
-    """httpcore's trace hook, asking `on_time` as the request head is about to be written (for
-    a tunnel, both for the CONNECT and for the request inside it)."""
+def _first_step(on_time: Callable[[], bool]) -> Callable[[str, dict[str, object]], Awaitable[None]]:
+    """httpcore's trace hook, asking `on_time` once, at the request's first step on the network:
+    the TCP connect of a new connection (to the site, or to the proxy), or the request head on
+    a kept-alive one. What comes after (resolving the host, TLS, a tunnel's CONNECT) is the
+    network's time, not the pipeline's lateness: asked again there, a site or a proxy a few
+    round trips away would have every request on a new connection withdrawn, and withdrawing
+    closes the connection, so the next try would be new again, for ever."""
+    asked = False
 
     async def trace(event: str, info: dict[str, object]) -> None:
-        if event.endswith("send_request_headers.started") and not on_time():
+        nonlocal asked
+        if asked or not event.endswith(".started"):
+            return
+        asked = True
+        if not on_time():
             raise NotSent(event)
 
     return trace
@@ -220,7 +230,7 @@ async def fetch(
     on_time: Callable[[], bool] | None = None,
 ) -> FetchResult:
     """Fetch `url`; `read_timeout`, when given, replaces the client's own for this request;
-    `on_time`, when given, may withdraw it unsent (`NotSent`) up to its first byte."""
+    `on_time`, when given, may withdraw it unsent (`NotSent`) at its first network step."""
     started = time.monotonic()
     proxied = proxy is not None
     timeouts = _with_read(client.timeout, read_timeout)
@@ -232,7 +242,7 @@ async def fetch(
         async with asyncio.timeout(total_timeout):
             request = client.build_request("GET", url, timeout=timeouts)
             if on_time is not None:
-                request.extensions["trace"] = _before_headers(on_time)
+                request.extensions["trace"] = _first_step(on_time)
             # Inside a CONNECT tunnel (https) every answer is the site's: the proxy cannot write there.
             names = proxy_names(proxy) if request.url.scheme == "http" else frozenset()
             if proxied:
