@@ -148,6 +148,9 @@ class Task(Model):
     history: list[Attempt] = Field(default_factory=list)
     failed_proxies: list[str] = Field(default_factory=list)
     permit: Permit | None = None
+    # Times a fetcher gave it back to the frontier unsent (permit expired or late, no
+    # lease): no attempt is spent, so this is what bounds a task that never gets sent.
+    returns: int = 0
     # Raised each time the reconciler republishes a lost task: a copy with a lower number
     # is stale and is dropped where it surfaces (governor, storer), so a rescue never
     # leaves two live copies.

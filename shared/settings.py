@@ -177,6 +177,12 @@ class Settings(BaseSettings):
     max_proxy_waits: int = Field(
         30, description="waits for a usable proxy per task before it goes dead (reason no_proxy)"
     )
+    max_returns: int = Field(
+        100,
+        ge=1,
+        description="times a task may go back to the frontier unsent (its permit expired or came late, no proxy"
+        " lease) before it goes dead (reason never_sent)",
+    )
     policy_file: Path | None = Field(None, description="YAML overriding the failure policy and block patterns")
     allowed_targets: Annotated[tuple[str, ...], NoDecode] = Field(
         (), description="host:port list the SSRF guard lets through (comma separated; *.suffix and port * allowed)"

@@ -292,7 +292,19 @@ class Fetcher(Service):
             await self._route(task, lease, error, decision(error))
 
     async def _back_to_frontier(self, task: Task, why: str) -> None:
-        """Back to the frontier with no permit and no attempt spent."""
+        """Back to the frontier with no permit and no attempt spent.
+
+        Every return but a shutdown's is counted in the task: past `HUTCH_MAX_RETURNS` it goes
+        dead (`never_sent`), so a task whose permits always come late, or that never gets a
+        lease, ends rather than circle for ever.
+        """
+        if why != "shutdown":
+            task = task.model_copy(update={"returns": task.returns + 1})
+            if task.returns >= self.settings.max_returns:
+                detail = f"given back unsent {task.returns} times (the last: {why})"
+                await self.broker.publish_dead(task.dead_letter("fetch", "never_sent", detail))
+                await self._event(task, "never_sent", "dead")
+                return
         task = task.model_copy(update={"permit": None})
         await self.broker.publish(self.broker.topology.frontier, self.broker.topology.shard_key(task.domain), task)
         await self._event(task, why, "frontier")

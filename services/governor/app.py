@@ -206,6 +206,7 @@ class Governor(Service):
                 ttl=s.robots_ttl,
                 retry=s.robots_retry,
                 attempts=s.robots_attempts,
+                max_returns=s.max_returns,
                 fetch_deadline=s.permit_ttl + fetch_deadline,
             )
             if s.respect_robots

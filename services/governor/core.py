@@ -360,7 +360,7 @@ class Core:
         """A fetcher finished an attempt: its lease ends; 429/503 pause, successes recover."""
         self.leases.end(event.permit_id, event.task_id)
         if event.next == "frontier" and self.robots is not None and event.task_id.startswith("robots-"):
-            self.robots.returned(event.task_id)
+            self.robots.returned(event.task_id, self.clock())
         key = self.key_of(event.domain)
         ks = self.key_state(key)
         if event.outcome == "throttled":

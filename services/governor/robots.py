@@ -107,6 +107,7 @@ class OriginState:
     failures: int = 0
     task_id: str | None = None
     last_status: int | None = None
+    returns: int = 0  # robots tasks given back unsent since the last failure or answer
 
 
 Verdict = Literal["allow", "deny", "fetch", "wait"]
@@ -119,6 +120,7 @@ class RobotsCache:
     retry: float = 10.0
     attempts: int = 3
     fetch_deadline: float = 60.0
+    max_returns: int = 100
     origins: dict[str, OriginState] = field(default_factory=dict)
 
     def check(self, url: str, now: float) -> tuple[Verdict, float, str]:
@@ -181,6 +183,7 @@ class RobotsCache:
         state.phase = "known"
         state.rules = rules
         state.failures = 0
+        state.returns = 0
         state.until = now + self.ttl
 
     def _failed(self, state: OriginState, status: int | None, now: float) -> None:
@@ -193,12 +196,20 @@ class RobotsCache:
         state.phase = "failing"
         state.until = now + self.retry * 2 ** (state.failures - 1)
 
-    def returned(self, task_id: str) -> None:
-        """A robots task came back unfetched (its permit expired): fetch that origin again."""
+    def returned(self, task_id: str, now: float) -> None:
+        """A robots task came back unsent (its permit expired or came late): fetch that
+        origin again. `max_returns` of those in a row count as one failed fetch, so an
+        origin whose robots.txt is never sent ends disallowed like one that never answers."""
         for state in self.origins.values():
             if state.phase == "fetching" and state.task_id == task_id:
-                state.phase = "unknown"
                 state.task_id = None
+                state.returns += 1
+                if state.returns >= self.max_returns:
+                    state.returns = 0
+                    state.last_status = None
+                    self._failed(state, None, now)
+                else:
+                    state.phase = "unknown"
 
     def rules(self, origin: str) -> RobotsRules | None:
         state = self.origins.get(origin)

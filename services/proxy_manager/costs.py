@@ -31,6 +31,7 @@ REQUEST_OUTCOMES: tuple[Outcome, ...] = (
 # Refused before any request went out, even with a proxy leased.
 NO_REQUEST = (
     "forbidden_target", "invalid_url", "permit_expired", "permit_late", "redelivered", "no_lease", "no_proxy",
+    "never_sent",
 )
 TIER_ORDER = {"direct": 0, "datacenter": 1, "residential": 2, "mobile": 3}
 

@@ -177,9 +177,25 @@ def test_a_robots_fetch_that_never_reports_counts_as_a_failure(cache: RobotsCach
 
 def test_a_returned_robots_task_is_fetched_again_without_a_failure(cache: RobotsCache) -> None:
     cache.fetching("http://a.example", "robots-1", 0.0)
-    cache.returned("robots-1")
+    cache.returned("robots-1", 0.5)
     assert cache.check(URL, 1.0)[0] == "fetch"
     assert cache.origins["http://a.example"].failures == 0
+
+
+def test_robots_tasks_never_sent_end_in_a_disallowed_origin_not_a_loop() -> None:
+    cache = RobotsCache("hutch-test", retry=10.0, attempts=2, max_returns=3)
+    now = 0.0
+    for n in range(1, 7):
+        assert cache.check(URL, now)[0] == "fetch"
+        cache.fetching("http://a.example", f"robots-{n}", now)
+        cache.returned(f"robots-{n}", now)
+        if n == 3:  # the third return in a row is one failed fetch: retried after `retry`
+            assert cache.origins["http://a.example"].failures == 1
+            assert cache.check(URL, now)[0] == "wait"
+            now += 10.0
+    verdict, _, why = cache.check(URL, now)
+    assert verdict == "deny"
+    assert "unreachable" in why
 
 
 def test_origins_are_cached_separately(cache: RobotsCache) -> None:
