@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test unit integration e2e chaos lint broker bench bench-speed bench-floor bench-speed-memory bench-governor bench-frontier bench-proxy bench-submit bench-store bench-parse clean help
+.PHONY: demo test unit integration e2e chaos lint broker tools bench bench-speed bench-floor bench-speed-memory bench-governor bench-frontier bench-proxy bench-submit bench-store bench-parse clean help
 
 help:
 	@echo "make demo   - set up, make sure RabbitMQ is reachable, run the sample job against the sandbox"
@@ -28,8 +28,18 @@ broker: $(STAMP)
 demo: broker
 	$(PY) -m hutch.services.control.demo
 
-test: broker
+test: broker tools
 	$(PY) -m pytest -q -ra
+
+# Prometheus and promtool (Debian's package) for tests/e2e/test_metrics.py; installed with
+# apt where they are missing and apt can run, else that test is skipped (and says why).
+tools:
+	@command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1 || \
+	  { command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] && \
+	    { DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus >/dev/null || \
+	      { apt-get update -q >/dev/null && \
+	        DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus >/dev/null; }; } || \
+	  echo "make tools: prometheus not installed; tests/e2e/test_metrics.py will be skipped"; }
 
 unit: $(STAMP)
 	$(PY) -m pytest -q tests/unit

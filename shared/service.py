@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 
 from hutch import telemetry
 from hutch.amqp import Broker, BrokerUnreachable
+from hutch.metrics import Endpoint, Metrics
 from hutch.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -50,6 +51,8 @@ class Service:
         self.settings = settings
         self.broker = Broker(settings, self.name)
         self.stopping = asyncio.Event()
+        self.metrics = Metrics(settings.metrics_domains)
+        self.endpoint: Endpoint | None = None
 
     async def start(self) -> None:
         """Declare what the service needs beyond the static topology and start consuming."""
@@ -81,6 +84,7 @@ class Service:
         for sig in (signal.SIGTERM, signal.SIGINT):
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.add_signal_handler(sig, self.stopping.set)
+        await self.serve_metrics()
         await self.connect()
         await self.start()
         log.info(
@@ -101,7 +105,25 @@ class Service:
                 log.warning("%s: work still in flight; the broker will redeliver it", self.name)
         await self.stop()
         await self.broker.close()
+        if self.endpoint is not None:
+            await self.endpoint.close()
         log.info("%s stopped", self.name)
+
+    async def serve_metrics(self) -> None:
+        """Serve /metrics, /healthz and /readyz, before the broker is reached: a probe then
+        sees a live process that is not ready yet. A port already taken is logged and the
+        service runs on without them: the work matters more than its figures."""
+        s = self.settings
+        if not s.metrics:
+            return
+        endpoint = Endpoint(self.metrics, lambda: self.broker.ready, s.metrics_host, s.metrics_port(self.name))
+        try:
+            port = await endpoint.start()
+        except OSError as exc:
+            log.error("%s: no metrics: cannot listen on %s:%d: %s", self.name, s.metrics_host, endpoint.port, exc)
+            return
+        self.endpoint = endpoint
+        log.info("%s metrics on http://%s:%d/metrics", self.name, s.metrics_host, port)
 
 
 def main(service_class: type[Service], settings: Settings | None = None) -> None:

@@ -61,6 +61,25 @@ class Settings(BaseSettings):
     dlq_max_length: int = Field(
         100_000, ge=1, description="dead letters kept in the `dlq` queue (oldest dropped; the ledger is the record)"
     )
+    # Metrics: each service serves /metrics, /healthz and /readyz on a port of its own
+    # (0: any free port, logged at start).
+    metrics: bool = Field(True, description="serve /metrics, /healthz and /readyz on each service's metrics port")
+    metrics_host: str = Field(
+        "127.0.0.1", description="address the metrics ports listen on (0.0.0.0 in a container, for scrapes and probes)"
+    )
+    governor_metrics_port: int = Field(9101, ge=0, le=65535, description="the governor's metrics port")
+    proxy_manager_metrics_port: int = Field(9102, ge=0, le=65535, description="the proxy-manager's metrics port")
+    parser_metrics_port: int = Field(9103, ge=0, le=65535, description="the parser's metrics port")
+    storer_metrics_port: int = Field(9104, ge=0, le=65535, description="the storer's metrics port")
+    fetcher_metrics_port: int = Field(
+        9110, ge=0, le=65535, description="a fetcher's metrics port; under `hutch up` fetcher N takes this + N - 1"
+    )
+    metrics_domains: int = Field(
+        50, ge=0, description="domains that get a metric label of their own (the busiest); the rest are `other`"
+    )
+    metrics_interval: float = Field(
+        5.0, gt=0, description="seconds between two readings of the queue depths the governor exports"
+    )
     compress_above: int = Field(
         0, ge=0, description="message bodies over this many bytes cross the broker zlib-compressed; 0: never"
     )
@@ -314,6 +333,11 @@ class Settings(BaseSettings):
     @property
     def store_location(self) -> str:
         return self.store_url or f"sqlite:///{self.data_dir / 'hutch.sqlite3'}"
+
+    def metrics_port(self, service: str) -> int:
+        """The metrics port of `service` (`proxy-manager` or `proxy_manager`)."""
+        port: int = getattr(self, f"{service.replace('-', '_')}_metrics_port")
+        return port
 
     @property
     def safe_amqp_url(self) -> str:

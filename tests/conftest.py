@@ -187,6 +187,13 @@ def short_settings(amqp_url: str, namespace: str, data_dir: Path) -> Settings:
         shutdown_grace=3.0,
         publish_timeout=5.0,
         default_pause=1.0,  # a 503 without Retry-After pauses its domain this long
+        # Any free port: tests and their services never collide with each other or with a
+        # `hutch up` on the machine (the port bound is logged, and `Service.endpoint` has it).
+        governor_metrics_port=0,
+        proxy_manager_metrics_port=0,
+        parser_metrics_port=0,
+        storer_metrics_port=0,
+        fetcher_metrics_port=0,
     )
 
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import TextIO
 
 from hutch.services import SERVICES, module_of
+from hutch.settings import Settings
 
 READY_MARK = " ready (broker "
 
@@ -71,6 +72,16 @@ class Supervisor:
                 return child
         raise KeyError(label)
 
+    def env_of(self, child: Child) -> dict[str, str]:
+        """A child's environment: fetcher N serves its metrics on the fetchers' port + N - 1
+        (none of them on the same port), unless that port is 0 (each takes a free one)."""
+        if child.service != "fetcher" or child.index == 1:
+            return self.env
+        base = int(self.env.get("HUTCH_FETCHER_METRICS_PORT", Settings.model_fields["fetcher_metrics_port"].default))
+        if base == 0:
+            return self.env
+        return {**self.env, "HUTCH_FETCHER_METRICS_PORT": str(base + child.index - 1)}
+
     async def start(self) -> None:
         for child in self.children:
             await self._spawn(child)
@@ -93,7 +104,7 @@ class Supervisor:
             sys.executable,
             "-m",
             module_of(child.service),
-            env=self.env,
+            env=self.env_of(child),
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,

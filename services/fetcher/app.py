@@ -265,12 +265,17 @@ class Fetcher(Service):
             if result is None:  # cut off by a shutdown: back to the frontier, unspent
                 await self._back_to_frontier(task, "shutdown")
                 return
+            tier = lease.tier or "direct"
+            self.metrics.task_age.observe(max(0.0, time.time() - task.submitted_at))
+            self.metrics.fetch_seconds.labels(tier).observe(result.elapsed)
+            self.metrics.proxy_requests.labels(tier).inc()
         finally:
             self.busy -= 1
         await self._outcome(task, lease, result)
 
     async def _outcome(self, task: Task, lease: Lease, result: FetchResult) -> None:
         """Route what one attempt produced; an unexpected error in routing is the outcome `error`."""
+        self.metrics.count(self.metrics.fetches, task.domain, result.outcome)
         if task.purpose == "robots":
             await self._robots_result(task, lease, result)
             return
@@ -385,6 +390,7 @@ class Fetcher(Service):
             await self.broker.publish(topology.work, PARSE_KEY, page)
         elif action == "retry":
             assert decision.delay is not None
+            self.metrics.count(self.metrics.retries, task.domain, reason)
             await self.broker.publish(topology.tier_exchange(decision.delay), topology.shard_key(task.domain), task)
         elif action == "frontier":
             await self.broker.publish(topology.frontier, topology.shard_key(task.domain), task)

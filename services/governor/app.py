@@ -62,13 +62,14 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterator
 from typing import Any
 
 import aiormq
 from aio_pika.abc import AbstractChannel, AbstractQueue
 
 from hutch.amqp import Broker, Dead, Delivery, PublishFailed, Requeue, copy_properties, declare_queue, queue_depth
+from hutch.metrics import Metric, by_label, gauge
 from hutch.migrate import migrate
 from hutch.models import (
     DecodeError,
@@ -152,11 +153,14 @@ class Governor(Service):
             await Broker(self.settings, self.name).connect(declare=False) for _ in range(PUBLISH_CONNECTIONS)
         ]
         self._publisher = itertools.cycle(self.publishers)
+        self._depths: dict[str, int] = {}
+        self.metrics.collect(self._collect)
         self.events_queue = await self._listen_events()
         await self._read_jobs()
         await self._read_released_log()
         self._loops = [
             asyncio.create_task(self._poll_ready_depth()),
+            asyncio.create_task(self._poll_depths()),
             asyncio.create_task(self._tick()),
             asyncio.create_task(self._report()),
             asyncio.create_task(self._flush_releases_every(RELEASE_FLUSH)),
@@ -726,6 +730,8 @@ class Governor(Service):
                 jl.served += 1.0 / self._job(job_name).weight
                 let_go(held, "release", core.commit(held.task, domain))
                 line.released(now)
+                self.metrics.count(self.metrics.permits, domain)
+                self.metrics.permit_wait.observe(max(0.0, now - held.since))
                 if not jl.held and not line.held_count():
                     line.busy_since = None
             self._schedule(domain, line, now)
@@ -805,6 +811,56 @@ class Governor(Service):
                     channel = await self.broker.channel()
             self._kick()
             await asyncio.sleep(READY_POLL)
+
+    async def _poll_depths(self) -> None:
+        """Read every fixed queue's depth for `hutch_queue_depth`, the frontier's shards as one."""
+        topology = self.broker.topology
+        fixed = [topology.fetch_ready, topology.parse, topology.store, topology.dlq, topology.ledger,
+                 topology.paused, topology.unrouted, *(topology.tier_exchange(d) for d in topology.delays)]
+        channel = await self.broker.channel()
+        while True:
+            depths: dict[str, int] = {}
+            for name in fixed:
+                found = await queue_depth(channel, name)
+                if found is not None:
+                    depths[name.removeprefix(topology.prefix)] = found[0]
+            shards = [await queue_depth(channel, spec.name) for spec in topology.shard_queues]
+            if all(found is not None for found in shards):
+                depths["frontier"] = sum(found[0] for found in shards if found is not None)
+            self._depths = depths
+            if channel.is_closed:  # a failed declare closes it, and so does a reconnect
+                with contextlib.suppress(Exception):
+                    channel = await self.broker.channel()
+            await asyncio.sleep(self.settings.metrics_interval)
+
+    def _collect(self) -> Iterator[Metric]:
+        """The governor's gauges, read from its state at each scrape."""
+        now = time.time()
+        label = self.metrics.domains.peek
+        yield gauge("hutch_queue_depth", "Messages ready in a queue (frontier: all shards)", ["queue"],
+                    (((name,), float(n)) for name, n in self._depths.items()))
+        backlog: dict[str, int] = {}
+        oldest: list[tuple[str, float]] = []
+        for domain, line in self.lines.items():
+            backlog[domain] = line.held_count() + sum(jl.parked(now) for jl in line.jobs.values())
+            submitted = [h.task.submitted_at for jl in line.jobs.values() for h in jl.held]
+            if submitted:
+                oldest.append((label(domain), max(0.0, now - min(submitted))))
+        yield gauge("hutch_oldest_task_age_seconds", "Age of the oldest task waiting for a permit, by domain",
+                    ["domain"], (((d,), v) for d, v in by_label(oldest, max).items()))
+        yield gauge("hutch_domain_backlog", "Tasks waiting for a permit (held and parked), by domain", ["domain"],
+                    (((d,), v) for d, v in by_label(((label(d), float(n)) for d, n in backlog.items()),
+                                                    lambda a, b: a + b).items()))
+        rates = ((label(row["domain"]), float(row["rate"])) for row in self.core.snapshot())  # type: ignore[arg-type]
+        yield gauge("hutch_domain_rate", "Current fetch rate allowed, requests per second, by domain", ["domain"],
+                    (((d,), v) for d, v in by_label(rates, lambda a, b: a + b).items()))
+        wanted, in_flight = self.core.demand(backlog)
+        yield gauge("hutch_fetch_slots_wanted", "Fetch slots the limits would keep busy now, over domains with backlog",
+                    [], [((), wanted)])
+        yield gauge("hutch_fetches_in_flight", "Fetches in flight for the domains with backlog", [],
+                    [((), float(in_flight))])
+        yield gauge("hutch_fetch_demand", "Slots wanted minus fetches in flight: above 0, the fleet holds limits back",
+                    [], [((), wanted - in_flight)])
 
     async def _tick(self) -> None:
         sweeps = 0

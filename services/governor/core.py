@@ -25,7 +25,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import math
-from collections.abc import Callable, Container
+from collections.abc import Callable, Container, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -55,6 +55,7 @@ class KeyState:
     released: int = 0
     throttled: int = 0
     queues: set[str] = field(default_factory=set)
+    fetch_time: float | None = None  # mean seconds a fetch takes (moving average of outcomes)
 
 
 @dataclass
@@ -113,6 +114,9 @@ class CoreConfig:
 
 
 MIN_LATE_AFTER = 0.01  # seconds: a tighter bound on a permit's lateness is not given
+
+
+DEFAULT_FETCH_TIME = 1.0  # seconds a fetch is assumed to take in a domain before one is measured
 
 
 def late_after(rate: float, burst: int, lateness: float) -> float | None:
@@ -376,7 +380,9 @@ class Core:
                 )
             if ks.aimd.throttled(now):
                 ks.bucket.set_limits(ks.aimd.rate)
-        elif event.outcome == "ok":
+        if event.elapsed is not None and event.elapsed > 0:
+            ks.fetch_time = event.elapsed if ks.fetch_time is None else 0.9 * ks.fetch_time + 0.1 * event.elapsed
+        if event.outcome == "ok":
             before = ks.aimd.rate
             ks.aimd.succeeded()
             if ks.aimd.rate != before:
@@ -407,6 +413,32 @@ class Core:
         return {lease.key for lease in self.leases.expire(self.clock())}
 
     # -- status ------------------------------------------------------------------------
+
+    def demand(self, backlog: Mapping[str, int]) -> tuple[float, int]:
+        """(fetch slots the limits would fill now, fetches in flight for those domains).
+
+        For each domain key not paused with tasks waiting (`backlog`, by domain: what this
+        governor holds and has parked), the slots its limits keep busy: min(its concurrency
+        cap, its rate x its mean fetch time, its backlog). A domain with no fetch measured yet
+        counts `DEFAULT_FETCH_TIME`. Slots wanted minus fetches in flight is the autoscaler's
+        demand signal: above zero, the fleet is what holds the limits back, not the limits.
+        """
+        now = self.clock()
+        by_key: dict[str, int] = {}
+        for domain, waiting in backlog.items():
+            if waiting > 0:
+                key = self.key_of(domain)
+                by_key[key] = by_key.get(key, 0) + waiting
+        wanted = 0.0
+        in_flight = 0
+        for key, waiting in by_key.items():
+            ks = self.key_state(key)
+            if ks.paused_until > now:
+                continue
+            fetch_time = ks.fetch_time if ks.fetch_time is not None else DEFAULT_FETCH_TIME
+            wanted += min(float(ks.limit.concurrency), ks.aimd.rate * fetch_time, float(waiting))
+            in_flight += self.leases.count(key)
+        return wanted, in_flight
 
     def snapshot(self) -> list[dict[str, object]]:
         now = self.clock()

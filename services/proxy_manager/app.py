@@ -16,9 +16,11 @@ import contextlib
 import logging
 import signal
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from hutch.amqp import Delivery, serve_rpc
+from hutch.metrics import Metric, gauge
 from hutch.models import Event, Lease, LeaseRequest
 from hutch.service import Service
 from hutch.services.proxy_manager import state
@@ -101,6 +103,7 @@ class ProxyManager(Service):
                 asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, self._reload_now.set)
         else:
             log.info("proxy pool: none configured; every lease is direct")
+        self.metrics.collect(self._collect)
         topology = self.broker.topology
         await serve_rpc(self.broker, topology.rpc_proxy, LeaseRequest, self._lease)
         await self.broker.consume(topology.events_proxy, Event, self._on_event, stage="proxy-health", prefetch=500)
@@ -121,7 +124,28 @@ class ProxyManager(Service):
     async def _lease(self, request: LeaseRequest) -> Lease:
         if self.pool_file is None:
             return Lease(direct=True, valid_for=self.settings.direct_lease_seconds or None)
-        return self.selector.lease(request)
+        lease = self.selector.lease(request)
+        self.metrics.leases.labels(lease.tier or ("direct" if lease.direct else "none")).inc()
+        return lease
+
+    def _collect(self) -> Iterator[Metric]:
+        """Proxy health by tier, read from the selector at each scrape: ids never, counts only."""
+        selector = self.selector
+        if self.pool_file is None:
+            return
+        now = selector.clock()
+        counts: dict[tuple[str, str], float] = {}
+        for pid, proxy in selector.proxies.items():
+            state = "dead" if selector.health.is_dead(pid) else "alive"
+            counts[(proxy.tier, state)] = counts.get((proxy.tier, state), 0.0) + 1
+        yield gauge("hutch_proxies", "Proxies in the pool, by tier and state (alive, dead)", ["tier", "state"],
+                    counts.items())
+        bans: dict[tuple[str], float] = {}
+        for (pid, _), pair in selector.health.pairs.items():
+            banned = selector.proxies.get(pid)
+            if banned is not None and pair.banned_until > now:
+                bans[(banned.tier,)] = bans.get((banned.tier,), 0.0) + 1
+        yield gauge("hutch_proxy_bans", "Proxy and domain pairs banned now, by tier", ["tier"], bans.items())
 
     async def _on_event(self, event: Event, _: Delivery) -> None:
         if self.pool_file is None:

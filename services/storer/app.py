@@ -104,6 +104,7 @@ class Storer(Service):
 
     async def _on_item(self, item: Item, _: Delivery) -> None:
         await self._write(lambda store: store.store_item(item))
+        self.metrics.stored.inc()
 
     async def _on_event(self, message: AnyEvent, _: Delivery) -> None:
         events = message.events()
@@ -145,6 +146,8 @@ class Storer(Service):
                 raise
             except Exception:  # never dead-letter it: the ledger would feed itself in a loop
                 log.exception("dead letter %s could not be recorded at all; the dlq queue keeps a copy", key)
+        task = letter.task or (letter.page.task if letter.page is not None else None)
+        self.metrics.count(self.metrics.dead_letters, task.domain if task else "none", letter.stage, letter.reason)
 
     # -- the reconciler ----------------------------------------------------------------
 

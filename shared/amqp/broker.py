@@ -142,6 +142,7 @@ class Broker:
         self._topology_channel: AbstractChannel | None = None
         self._app_id = f"hutch-{name}"
         self._consumers: list[Consumer] = []
+        self._stopped = False
         self._in_flight = 0
         self._idle = asyncio.Event()
         self._idle.set()
@@ -210,8 +211,20 @@ class Broker:
         return await self.connection.transport.connection.channel()
 
     async def stop_consuming(self) -> None:
+        self._stopped = True
         for consumer in self._consumers:
             await consumer.cancel()
+
+    @property
+    def ready(self) -> bool:
+        """Connected (not between a loss and aio-pika's reconnect) and consuming."""
+        connection = self.connection
+        return (
+            connection is not None
+            and connection.connected.is_set()
+            and bool(self._consumers)
+            and not self._stopped
+        )
 
     @property
     def in_flight(self) -> int:

@@ -441,3 +441,29 @@ def test_a_paused_domain_is_not_idle(clock: FakeClock) -> None:
     assert not core.idle(D)
     clock.advance(61)
     assert core.idle(D)
+
+
+# -- the demand signal ---------------------------------------------------------------------
+
+
+def test_demand_is_the_slots_the_limits_fill_over_domains_with_backlog_minus_those_in_flight(clock: FakeClock) -> None:
+    core = make_core(clock, rate=4.0, concurrency=3)
+    for domain in ("a.example", "b.example", "c.example", "d.example"):
+        new_domain(core, domain)
+    # a: measured 0.5 s a fetch -> 4/s x 0.5 s = 2 slots; b: 2 s a fetch -> capped at 3;
+    # c: one task waiting -> 1; d: paused by a 429 -> none.
+    for domain, elapsed in (("a.example", 0.5), ("b.example", 2.0), ("c.example", 0.1)):
+        core.on_outcome(outcome(task(0, domain), "ok", clock, elapsed=elapsed))
+    core.on_outcome(outcome(task(0, "d.example"), "throttled", clock, status=429, retry_after=60.0))
+    released = core.commit(task(1, "a.example"), "a.example")  # one fetch in flight in a
+    assert released.permit is not None
+    backlog = {"a.example": 50, "b.example": 50, "c.example": 1, "d.example": 50, "e.example": 0}
+    wanted, in_flight = core.demand(backlog)
+    assert wanted == pytest.approx(2.0 + 3.0 + 0.4)  # c: 4/s x 0.1 s = 0.4 of a slot, under its backlog of 1
+    assert in_flight == 1
+
+
+def test_a_domain_with_no_fetch_measured_counts_a_second_a_fetch(clock: FakeClock) -> None:
+    core = make_core(clock, rate=2.0, concurrency=8)
+    new_domain(core)
+    assert core.demand({D: 100}) == (pytest.approx(2.0), 0)
