@@ -80,6 +80,24 @@ class Settings(BaseSettings):
     metrics_interval: float = Field(
         5.0, gt=0, description="seconds between two readings of the queue depths the governor exports"
     )
+    # hutch watch: when it flags the article's four conditions and the broker's trouble
+    watch_under_for: float = Field(
+        60.0, gt=0, description="seconds the demand must stay above 0 before `hutch watch` flags under-provisioned"
+    )
+    watch_spike_ratio: float = Field(
+        0.2, gt=0, description="retries per fetch over the window above which a domain's retries count as a spike"
+    )
+    watch_spike_min: int = Field(5, ge=1, description="fewest retries in the window for a spike")
+    watch_stale_after: float = Field(
+        900.0, gt=0, description="seconds a task of a running job may go without moving before it is flagged stale"
+    )
+    watch_broker_headroom: float = Field(
+        0.8, gt=0, le=1, description="share of the broker's descriptors or memory in use that `hutch watch` flags"
+    )
+    broker_metrics_url: str = Field(
+        "http://127.0.0.1:15692/metrics",
+        description="RabbitMQ's own metrics (the rabbitmq_prometheus plugin), read by `hutch watch`",
+    )
     compress_above: int = Field(
         0, ge=0, description="message bodies over this many bytes cross the broker zlib-compressed; 0: never"
     )

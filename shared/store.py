@@ -645,6 +645,17 @@ class Store:
             result.append(JobCounts(job, 0, 0, 0, 0, 0, state=state, weight=weight))
         return result
 
+    def waiting(self) -> list[tuple[str, int, float]]:
+        """Per domain, over the running jobs: (domain, tasks not finished, the earliest time one
+        of them last moved). What `hutch watch` flags as stale; paused and cancelled jobs wait
+        on purpose and are left out."""
+        rows = self.db.execute(
+            "SELECT t.domain, COUNT(*), MIN(t.updated_at) FROM tasks t LEFT JOIN jobs j ON j.name = t.job "
+            "WHERE t.state NOT IN ('stored', 'dead') AND COALESCE(j.state, 'running') = 'running' "
+            "GROUP BY t.domain"
+        )
+        return [(str(row[0]), int(row[1]), float(row[2])) for row in rows]
+
     def items(self, job: str) -> Iterator[dict[str, Any]]:
         """A job's items; `url` is always the URL submitted (after redirects too)."""
         for row in self.db.execute("SELECT url, fields FROM items WHERE job = ? ORDER BY url", (job,)):

@@ -30,7 +30,7 @@ from hutch import telemetry
 from hutch.amqp import Broker, BrokerUnreachable, PublishFailed, queue_depth
 from hutch.models import DEFAULT_TOP, MAX_PATTERN, MAX_TOP, SORT_KEYS, Spec, StatusRequest
 from hutch.services import SERVICES, service_class
-from hutch.services.control import dlq
+from hutch.services.control import dlq, watch
 from hutch.services.control.jobs import (
     Action,
     JobControlError,
@@ -623,6 +623,14 @@ def sandbox_package() -> Any:
     return hutch_sandbox
 
 
+async def cmd_watch(args: argparse.Namespace) -> int:
+    if args.interval <= 0 or args.window < args.interval:
+        raise UserError("--interval must be above 0 and --window at least --interval")
+    if (args.json or args.exit_code) and not args.once:
+        raise UserError("--json and --exit-code go with --once")
+    return await watch.run(_settings(), args)
+
+
 def cmd_sandbox(args: argparse.Namespace) -> int:
     sandbox = sandbox_package()
     try:
@@ -733,6 +741,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     dlq.add_parser(sub)
     sub.choices["dlq"].set_defaults(run=cmd_dlq, is_async=False)
+    watch.add_parser(sub).set_defaults(run=cmd_watch, is_async=True)
     return parser
 
 

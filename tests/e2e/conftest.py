@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -94,3 +95,25 @@ async def services(
 ) -> AsyncIterator[Services]:
     async with running_services(settings, sandbox, extra_env) as running:
         yield running
+
+
+METRICS_SERVICES = ("governor", "proxy-manager", "parser", "storer", "fetcher")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@pytest.fixture
+def metrics_ports() -> dict[str, int]:
+    """A free metrics port for each service (one fetcher), for a test that reads them."""
+    return {name: free_port() for name in METRICS_SERVICES}
+
+
+def on_ports(settings: Settings, ports: dict[str, int], **update: object) -> Settings:
+    """`settings` with each service's metrics on its port of `ports`."""
+    ported = {f"{name.replace('-', '_')}_metrics_port": port for name, port in ports.items()}
+    return settings.model_copy(update={**ported, **update})

@@ -14,14 +14,12 @@ import asyncio
 import json
 import os
 import shutil
-import socket
 import subprocess
 import time
 import urllib.parse
 import urllib.request
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
@@ -31,21 +29,14 @@ from hutch_sandbox.config import SandboxConfig
 from hutch.settings import Settings
 from hutch.store import Store
 
-from .conftest import running_services, submit_urls
+from .conftest import METRICS_SERVICES as SERVICES
+from .conftest import free_port, on_ports, running_services, submit_urls
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
 REPO = Path(__file__).resolve().parents[2]
 SHIPPED = REPO / "deploy" / "prometheus" / "hutch-up.yml"
-SERVICES = ("governor", "proxy-manager", "parser", "storer", "fetcher")
 GOOD, FLAKY, FAILING = 30, 6, 4
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
@@ -57,15 +48,14 @@ def get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
 
 
 @pytest.fixture
-def ports() -> dict[str, int]:
-    return {name: free_port() for name in SERVICES}
+def ports(metrics_ports: dict[str, int]) -> dict[str, int]:
+    return metrics_ports
 
 
 @pytest.fixture
 def settings(settings: Settings, ports: dict[str, int]) -> Settings:
-    update: dict[str, Any] = {f"{name.replace('-', '_')}_metrics_port": port for name, port in ports.items()}
     # Slow enough that the job lasts several scrapes and the governor parks part of it.
-    return settings.model_copy(update={**update, "rate": 2.0, "metrics_interval": 0.5})
+    return on_ports(settings, ports, rate=2.0, metrics_interval=0.5)
 
 
 @pytest.fixture
