@@ -31,10 +31,34 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
-__all__ = ["DomainLabels", "Endpoint", "Metric", "Metrics", "by_label", "gauge"]
+__all__ = ["OTHER", "SERIES", "DomainLabels", "Endpoint", "Metric", "Metrics", "by_label", "gauge"]
 log = logging.getLogger(__name__)
 
 OTHER = "other"
+# Every series name a Hutch service exports, as PromQL names it (a histogram by its base
+# name: `_bucket`, `_sum` and `_count` follow). Dashboards, alert rules and KEDA triggers in
+# deploy/ may name only these (tests/unit/test_deploy_manifests.py); docs/metrics.md lists them.
+SERIES = (
+    "hutch_queue_depth",
+    "hutch_task_age_seconds",
+    "hutch_oldest_task_age_seconds",
+    "hutch_domain_backlog",
+    "hutch_fetches_total",
+    "hutch_retries_total",
+    "hutch_dead_letters_total",
+    "hutch_permits_total",
+    "hutch_permit_wait_seconds",
+    "hutch_domain_rate",
+    "hutch_fetch_duration_seconds",
+    "hutch_proxy_requests_total",
+    "hutch_proxy_leases_total",
+    "hutch_proxies",
+    "hutch_proxy_bans",
+    "hutch_items_stored_total",
+    "hutch_fetch_slots_wanted",
+    "hutch_fetches_in_flight",
+    "hutch_fetch_demand",
+)
 # Task age at fetch and the wait for a permit: from a second to a day (a rate-limited
 # backlog's tasks wait hours by design).
 AGE_BUCKETS = (0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 7200, 14400, 43200, 86400)

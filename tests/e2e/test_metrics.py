@@ -85,6 +85,7 @@ def prometheus(tmp_path: Path, ports: dict[str, int]) -> Iterator[str]:
     config = yaml.safe_load(SHIPPED.read_text())
     config["global"]["scrape_interval"] = "1s"
     config["global"]["evaluation_interval"] = "1s"
+    config["rule_files"] = [str(SHIPPED.parent / name) for name in config["rule_files"]]
     for job in config["scrape_configs"]:
         service = job["static_configs"][0]["labels"]["service"]
         job["static_configs"][0]["targets"] = [f"127.0.0.1:{ports[service]}"]
@@ -192,6 +193,12 @@ async def test_prometheus_scrapes_the_four_signals_from_every_service_during_a_j
         assert one(prometheus, 'sum(hutch_fetch_duration_seconds_count{tier="direct"})') >= GOOD
         assert one(prometheus, "hutch_fetch_demand") <= 0  # nothing waits now
         assert one(prometheus, "hutch_items_stored_total") == GOOD + FLAKY
+
+        # Every query of the shipped dashboard is valid PromQL on these series.
+        dashboard = json.loads((REPO / "deploy" / "grafana" / "hutch.json").read_text())
+        for panel in dashboard["panels"]:
+            for target in panel["targets"]:
+                query(prometheus, target["expr"])
 
     store = Store(settings.store_location)
     try:

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 import yaml
 
+from hutch.metrics import SERIES
 from hutch.services import SERVICES
 from hutch.settings import Settings
-from hutch.topology import Topology
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -69,7 +69,7 @@ def test_the_manifests_hold_the_expected_kinds(manifests: list[Manifest]) -> Non
             *["Deployment"] * len(SERVICES),
             "PersistentVolumeClaim",
             "ScaledObject",
-            "TriggerAuthentication",
+            "ScaledObject",
             "Kustomization",
         ]
     )
@@ -135,19 +135,78 @@ def test_a_cluster_deployment_declares_quorum_queues(manifests: list[Manifest]) 
     assert _settings_data(manifests)["HUTCH_QUEUE_TYPE"] == "quorum"
 
 
-def test_fetchers_scale_on_the_depth_of_fetch_ready(manifests: list[Manifest]) -> None:
+def _series_named(query: str) -> set[str]:
+    return set(re.findall(r"\b(hutch_[a-z_]+|rabbitmq_[a-z_]+)", query))
+
+
+def test_fetchers_scale_on_the_slots_wanted_one_pod_per_fetchers_concurrency(manifests: list[Manifest]) -> None:
     data = _settings_data(manifests)
-    scaled = _one(manifests, "ScaledObject")["spec"]
+    scaled = _one(manifests, "ScaledObject", "fetcher")["spec"]
     assert scaled["scaleTargetRef"]["name"] == "fetcher"
     (trigger,) = scaled["triggers"]
-    assert trigger["type"] == "rabbitmq"
-    assert trigger["metadata"]["queueName"] == Topology(data["HUTCH_NAMESPACE"]).fetch_ready
-    assert trigger["metadata"]["mode"] == "QueueLength"
-    auth = _one(manifests, "TriggerAuthentication", trigger["authenticationRef"]["name"])
-    assert {"parameter": "host", "name": "hutch-amqp", "key": "HUTCH_AMQP_URL"} in auth["spec"]["secretTargetRef"]
-    # The governor keeps fetch.ready near HUTCH_MAX_READY at most: a larger target could not be reached.
-    max_ready = int(data.get("HUTCH_MAX_READY", Settings.model_fields["max_ready"].default))
-    assert float(trigger["metadata"]["value"]) * scaled["maxReplicaCount"] <= max_ready
+    assert trigger["type"] == "prometheus"
+    assert _series_named(trigger["metadata"]["query"]) == {"hutch_fetch_slots_wanted"}
+    assert trigger["metadata"]["threshold"] == data["HUTCH_CONCURRENCY"]
+
+
+def test_parsers_scale_on_the_depth_of_the_parse_queue(manifests: list[Manifest]) -> None:
+    scaled = _one(manifests, "ScaledObject", "parser")["spec"]
+    assert scaled["scaleTargetRef"]["name"] == "parser"
+    (trigger,) = scaled["triggers"]
+    assert trigger["metadata"]["query"] == 'max(hutch_queue_depth{queue="parse"})'
+    assert "replicas" not in _deployments(manifests)["parser"]["spec"]
+
+
+# The prometheus trigger's metadata, as KEDA's documentation lists it (keda.sh, "Prometheus"
+# scaler, v2.13): a field outside this set is ignored by KEDA, silently.
+KEDA_PROMETHEUS_FIELDS = {
+    "serverAddress", "query", "queryParameters", "threshold", "activationThreshold", "namespace",
+    "customHeaders", "ignoreNullValues", "unsafeSsl",
+}
+
+
+def test_every_scaler_trigger_uses_known_fields_and_names_series_hutch_exports(manifests: list[Manifest]) -> None:
+    for scaled in _of_kind(manifests, "ScaledObject"):
+        for trigger in scaled["spec"]["triggers"]:
+            metadata = trigger["metadata"]
+            assert set(metadata) <= KEDA_PROMETHEUS_FIELDS, set(metadata) - KEDA_PROMETHEUS_FIELDS
+            assert {"serverAddress", "query", "threshold"} <= set(metadata)
+            assert all(isinstance(v, str) for v in metadata.values())  # KEDA's metadata is a string map
+            assert _series_named(metadata["query"]) <= set(SERIES)
+
+
+def test_every_deployment_serves_its_metrics_port_with_probes(manifests: list[Manifest]) -> None:
+    data = _settings_data(manifests)
+    assert data["HUTCH_METRICS_HOST"] == "0.0.0.0"
+    defaults = Settings()
+    for name, deployment in _deployments(manifests).items():
+        container = _container(deployment)
+        (port,) = container["ports"]
+        assert port == {"name": "metrics", "containerPort": defaults.metrics_port(name)}, name
+        assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}, name
+        assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}, name
+
+
+def test_the_prometheus_files_name_only_series_that_exist() -> None:
+    prometheus = DEPLOY / "prometheus"
+    for path in [*prometheus.glob("*.yml"), DEPLOY / "grafana" / "hutch.json"]:
+        named = {n for n in _series_named(path.read_text()) if n.startswith("hutch_")}
+        exported = {n for n in named if n in SERIES or n.rsplit("_", 1)[0] in SERIES}
+        assert named == exported, (path.name, named - exported)
+
+
+def test_the_kubernetes_scrape_keeps_the_pods_and_port_the_manifests_define(manifests: list[Manifest]) -> None:
+    config = yaml.safe_load((DEPLOY / "prometheus" / "kubernetes.yml").read_text())
+    (hutch,) = [job for job in config["scrape_configs"] if job["job_name"] == "hutch"]
+    keep = {r["source_labels"][0]: r["regex"] for r in hutch["relabel_configs"] if r.get("action") == "keep"}
+    assert keep == {
+        "__meta_kubernetes_pod_label_app_kubernetes_io_name": "hutch",
+        "__meta_kubernetes_pod_container_port_name": "metrics",
+    }
+    namespace = _one(manifests, "Namespace")["metadata"]["name"]
+    assert hutch["kubernetes_sd_configs"][0]["namespaces"]["names"] == [namespace]
+    for deployment in _deployments(manifests).values():
+        assert deployment["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/name"] == "hutch"
 
 
 def test_the_fetcher_deployment_has_resources_and_leaves_its_count_to_the_scaler(
