@@ -11,6 +11,7 @@ semantics changed across broker versions.
 from __future__ import annotations
 
 import hashlib
+import secrets
 import time
 from typing import Any, Literal, TypeVar, get_args
 
@@ -32,6 +33,21 @@ class Model(BaseModel):
             return task.subject()
         found = getattr(self, "task_id", None)
         return found if isinstance(found, str) else None
+
+    def trace(self) -> str | None:
+        """The trace id (32 hex digits) of the task this message is about: every span about a
+        task goes into the task's one trace. None when it is about no task."""
+        task = getattr(self, "task", None)
+        return task.trace() if isinstance(task, Model) else None
+
+    def span_attributes(self) -> dict[str, str | int]:
+        """What every span and log line about this message carries: the task's job, id,
+        domain and attempt (just the id, or nothing, when that is all there is)."""
+        task = getattr(self, "task", None)
+        if isinstance(task, Model):
+            return task.span_attributes()
+        subject = self.subject()
+        return {"hutch.task.id": subject} if subject else {}
 
     def dead_letter(self, stage: str, reason: str, detail: str = "", queue: str | None = None) -> DeadLetter:
         """This message finished for good at `stage`, as the dead exchange takes it."""
@@ -61,6 +77,14 @@ def decode(body: bytes, model: type[M]) -> M:
         first = exc.errors()[0]
         where = ".".join(str(part) for part in first["loc"]) or "body"
         raise DecodeError(f"not a {model.__name__} v{SCHEMA_VERSION}: {where}: {first['msg']}") from None
+
+
+def new_trace_id() -> str:
+    """A W3C trace id: 32 lower-case hex digits, not all zero."""
+    return f"{secrets.randbits(128) or 1:032x}"
+
+
+TRACE_ID = r"^[0-9a-f]{32}$"
 
 
 def task_id(job: str, url: str) -> str:
@@ -112,6 +136,8 @@ class Attempt(Model):
     delay: float | None = None
     spent: bool = True
     detail: str | None = None
+    # The attempt's fetch span (with tracing on): the next attempt's span links to it.
+    span_id: str | None = Field(None, pattern=r"^[0-9a-f]{16}$")
 
 
 class FieldRule(Model):
@@ -155,9 +181,19 @@ class Task(Model):
     # is stale and is dropped where it surfaces (governor, storer), so a rescue never
     # leaves two live copies.
     incarnation: int = 0
+    # One trace per task, whatever the exporter: spans about the task go into it, and each
+    # attempt in the store records it (`hutch trace`), with tracing on or off.
+    trace_id: str = Field(default_factory=new_trace_id, pattern=TRACE_ID)
 
     def subject(self) -> str | None:
         return self.id
+
+    def trace(self) -> str | None:
+        return self.trace_id
+
+    def span_attributes(self) -> dict[str, str | int]:
+        return {"hutch.job": self.job, "hutch.task.id": self.id, "hutch.domain": self.domain,
+                "hutch.attempt": self.attempts}
 
 
 class Page(Model):
@@ -256,9 +292,18 @@ class Event(Model):
     next: Literal["parse", "retry", "dead", "frontier"] | None = None
     delay: float | None = None
     incarnation: int = 0  # of the task copy this event is about
+    trace_id: str | None = Field(None, pattern=TRACE_ID)  # the task's (`outcome`)
+    span_id: str | None = Field(None, pattern=r"^[0-9a-f]{16}$")  # the attempt's fetch span, when traced
     # `outcome`: the task as the fetcher routed it next (without its permit), so the store
     # keeps each task's latest message and the reconciler can rebuild a lost one.
     task: Task | None = None
+
+    def trace(self) -> str | None:
+        return self.trace_id
+
+    def span_attributes(self) -> dict[str, str | int]:
+        return {"hutch.job": self.job, "hutch.task.id": self.task_id, "hutch.domain": self.domain,
+                "hutch.attempt": self.attempt}
 
 
 class Rescued(Model):

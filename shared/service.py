@@ -131,7 +131,7 @@ def main(service_class: type[Service], settings: Settings | None = None) -> None
     and `hutch serve NAME` (what the image, compose and Kubernetes run) both come here, so a
     service gets the same logging, event loop and exit wherever it is deployed."""
     settings = settings or Settings()
-    telemetry.setup_logging(service_class.name, settings.log_level)
+    telemetry.setup_logging(service_class.name, settings.log_level, settings.log_format)
     try:
         service = service_class(settings)
         if service_class.uvloop:

@@ -52,6 +52,9 @@ class Settings(BaseSettings):
     rpc_timeout: float = Field(5.0, description="seconds to wait for an RPC answer (proxy lease)")
     shutdown_grace: float = Field(10.0, description="seconds in-flight work may finish after SIGTERM")
     log_level: str = Field("INFO", description="logging level of every service")
+    log_format: Literal["text", "json"] = Field(
+        "text", description="`json`: one JSON object a line, with the job, task, domain and trace id of the work"
+    )
     max_crashes: int = Field(
         3, ge=1, description="redeliveries (a consumer died holding it) before a message is dead as `crashed`"
     )

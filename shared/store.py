@@ -42,7 +42,7 @@ from typing import Any, TypeVar
 
 from hutch.models import DeadLetter, Event, Item, JobControl, Task
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 STATES = ("new", "queued", "in_flight", "retrying", "stored", "dead")
 TERMINAL = ("stored", "dead")
 JOB_STATES = ("running", "paused", "cancelled")
@@ -140,6 +140,13 @@ _SCHEMA = [
     ALTER TABLE jobs ADD COLUMN state_at REAL;
     ALTER TABLE jobs ADD COLUMN weight REAL NOT NULL DEFAULT 1;
     ALTER TABLE jobs ADD COLUMN weight_at REAL;
+    """,
+    # version 5: each attempt's trace (the task's trace id, the fetch span's id when traced)
+    # and the fetcher that made it, for `hutch trace`.
+    """
+    ALTER TABLE attempts ADD COLUMN trace_id TEXT;
+    ALTER TABLE attempts ADD COLUMN span_id TEXT;
+    ALTER TABLE attempts ADD COLUMN fetcher TEXT;
     """,
 ]
 
@@ -421,8 +428,9 @@ class Store:
         # The attempt happened, stale copy or not: it is history. The state moves only for
         # the live copy.
         self.db.execute(
-            "INSERT INTO attempts (task_id, n, at, outcome, status, proxy_id, tier, cost, elapsed, next, delay) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+            "INSERT INTO attempts (task_id, n, at, outcome, status, proxy_id, tier, cost, elapsed, next, delay, "
+            "trace_id, span_id, fetcher) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
             (
                 event.task_id,
                 event.attempt,
@@ -435,6 +443,9 @@ class Store:
                 event.elapsed,
                 event.next,
                 event.delay,
+                event.trace_id,
+                event.span_id,
+                event.fetcher,
             ),
         )
         if stale:
@@ -661,6 +672,30 @@ class Store:
         for row in self.db.execute("SELECT url, fields FROM items WHERE job = ? ORDER BY url", (job,)):
             fields = json.loads(row["fields"])
             yield {"url": row["url"], **{k: v for k, v in fields.items() if k != "url"}}
+
+    def timeline(self, task_id: str) -> dict[str, Any] | None:
+        """Everything the store knows of one task's life, for `hutch trace`: its row, its
+        attempts in order, its item's time, and its dead letters (with replays). None when
+        no such task was ever recorded."""
+        task = self.db.execute(
+            "SELECT id, job, url, domain, state, attempts, last_outcome, created_at, updated_at, rescues, message "
+            "FROM tasks WHERE id = ?",
+            (task_id,),
+        ).fetchone()
+        if task is None:
+            return None
+        item = self.db.execute("SELECT stored_at, status FROM items WHERE task_id = ?", (task_id,)).fetchone()
+        dead = self.db.execute(
+            "SELECT dead_at, stage, reason, detail, replayed_at, purged_at FROM dead "
+            "WHERE task_id = ? ORDER BY dead_at",
+            (task_id,),
+        ).fetchall()
+        return {
+            "task": dict(task),
+            "attempts": self.attempts(task_id),
+            "item": dict(item) if item is not None else None,
+            "dead": [dict(row) for row in dead],
+        }
 
     def attempts(self, task_id: str) -> list[dict[str, Any]]:
         rows = self.db.execute("SELECT * FROM attempts WHERE task_id = ? ORDER BY at", (task_id,)).fetchall()

@@ -11,10 +11,14 @@ configured from the standard OTel variables: `OTEL_TRACES_EXPORTER` (`otlp`, `co
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import datetime
+import json
 import logging
 import os
 import sys
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Iterator, Mapping, MutableMapping
 from typing import Any
 
 from opentelemetry import propagate, trace
@@ -22,19 +26,65 @@ from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
+from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
+from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
 _configured = False
 _tracing = False  # a provider is installed that hands spans to someone
 _tracer: trace.Tracer | None = None
 
 
-def setup_logging(service: str, level: str = "INFO") -> None:
-    logging.basicConfig(
-        level=level.upper(),
-        stream=sys.stderr,
-        format=f"%(asctime)s {service} %(levelname)s %(name)s: %(message)s",
-        force=True,
-    )
+# What the message being handled is about (its job, task, domain, attempt and trace), for
+# log lines: the AMQP layer sets it around each handler (`about`).
+_about: contextvars.ContextVar[dict[str, str | int] | None] = contextvars.ContextVar("hutch_about", default=None)
+
+
+@contextlib.contextmanager
+def about(attributes: dict[str, str | int], trace_id: str | None) -> Iterator[None]:
+    """Log lines written inside carry these attributes and the trace id (JSON logs)."""
+    token = _about.set({**attributes, "trace_id": trace_id} if trace_id else attributes)
+    try:
+        yield
+    finally:
+        _about.reset(token)
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object a line: time, level, service, logger, message, the exception if any,
+    and the job, task, domain, attempt and trace id of the message being handled."""
+
+    def __init__(self, service: str) -> None:
+        super().__init__()
+        self.service = service
+
+    def format(self, record: logging.LogRecord) -> str:
+        line: dict[str, Any] = {
+            "time": datetime.datetime.fromtimestamp(record.created, datetime.UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname,
+            "service": self.service,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        attributes = _about.get()
+        if attributes:
+            for key, value in attributes.items():
+                line[key.removeprefix("hutch.").replace(".", "_")] = value
+        span = trace.get_current_span().get_span_context()
+        if span.is_valid:
+            line["trace_id"] = f"{span.trace_id:032x}"
+            line["span_id"] = f"{span.span_id:016x}"
+        if record.exc_info:
+            line["exception"] = self.formatException(record.exc_info)
+        return json.dumps(line, ensure_ascii=False, default=str)
+
+
+def setup_logging(service: str, level: str = "INFO", log_format: str = "text") -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    if log_format == "json":
+        handler.setFormatter(JsonFormatter(service))
+    else:
+        handler.setFormatter(logging.Formatter(f"%(asctime)s {service} %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
     # aio-pika logs every reconnect attempt with a traceback at WARNING; one line is enough.
     logging.getLogger("aiormq").setLevel(logging.ERROR)
     logging.getLogger("httpx").setLevel(logging.WARNING)
@@ -70,7 +120,7 @@ def setup_tracing(service: str, extra_processor: SpanProcessor | None = None) ->
     if not processors:
         return None
     name = os.environ.get("OTEL_SERVICE_NAME") or f"hutch-{service}"
-    provider = TracerProvider(resource=Resource.create({"service.name": name}))
+    provider = TracerProvider(resource=Resource.create({"service.name": name}), id_generator=_TaskTraceIds())
     for processor in processors:
         provider.add_span_processor(processor)
     trace.set_tracer_provider(provider)
@@ -94,6 +144,52 @@ def inject(headers: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
     """Write the current trace context into AMQP headers (W3C traceparent/tracestate)."""
     propagate.inject(headers)
     return headers
+
+
+# The trace id a root span about to start should take (see `task_span`): read by the
+# provider's id generator, which the SDK calls as the span starts.
+_wanted_trace: contextvars.ContextVar[int | None] = contextvars.ContextVar("hutch_wanted_trace", default=None)
+
+
+class _TaskTraceIds(RandomIdGenerator):
+    """Random ids, except a root span's trace id when a task's trace is wanted."""
+
+    def generate_trace_id(self) -> int:
+        wanted = _wanted_trace.get()
+        return wanted if wanted is not None else super().generate_trace_id()
+
+
+@contextlib.contextmanager
+def task_span(
+    name: str, trace_id: str | None, carried: Context | None = None, **options: Any
+) -> Iterator[trace.Span]:
+    """A span about a task, in the task's one trace (`Task.trace_id`), made current.
+
+    Under `carried` (a message's headers; else the current context) when that is in the
+    task's trace already. With no span there at all (at submit, where the task's trace
+    begins, or a publish from a loop of a service's own), a root span that takes the task's
+    trace id. Under a span of another trace, a child of a remote parent in the task's
+    trace whose id derives from the trace id: the task's spans stay in its trace.
+    """
+    context = carried
+    wanted: int | None = None
+    if trace_id is not None:
+        wanted = int(trace_id, 16)
+        found = trace.get_current_span(carried).get_span_context()
+        if found.is_valid and found.trace_id == wanted:
+            wanted = None
+        elif found.is_valid:
+            root = SpanContext(wanted, int(trace_id[:16], 16) or 1, True, TraceFlags(TraceFlags.SAMPLED))
+            context, wanted = trace.set_span_in_context(NonRecordingSpan(root), Context()), None
+        else:
+            context = Context()
+    token = _wanted_trace.set(wanted)
+    try:
+        span = tracer().start_span(name, context=context, **options)  # the trace id is drawn here
+    finally:
+        _wanted_trace.reset(token)
+    with trace.use_span(span, end_on_exit=True):
+        yield span
 
 
 def extract(headers: Mapping[str, Any] | None) -> Context:

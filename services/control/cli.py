@@ -30,7 +30,7 @@ from hutch import telemetry
 from hutch.amqp import Broker, BrokerUnreachable, PublishFailed, queue_depth
 from hutch.models import DEFAULT_TOP, MAX_PATTERN, MAX_TOP, SORT_KEYS, Spec, StatusRequest
 from hutch.services import SERVICES, service_class
-from hutch.services.control import dlq, watch
+from hutch.services.control import dlq, timeline, watch
 from hutch.services.control.jobs import (
     Action,
     JobControlError,
@@ -623,6 +623,16 @@ def sandbox_package() -> Any:
     return hutch_sandbox
 
 
+def cmd_trace(args: argparse.Namespace) -> int:
+    if bool(args.task_id) == bool(args.job and args.url) or bool(args.job) != bool(args.url):
+        raise UserError("give a task id, or --job and --url (not both)")
+    settings = _settings()
+    try:
+        return timeline.run(settings, args)
+    except LookupError as exc:
+        raise UserError(str(exc)) from None
+
+
 async def cmd_watch(args: argparse.Namespace) -> int:
     if args.interval <= 0 or args.window < args.interval:
         raise UserError("--interval must be above 0 and --window at least --interval")
@@ -742,6 +752,7 @@ def build_parser() -> argparse.ArgumentParser:
     dlq.add_parser(sub)
     sub.choices["dlq"].set_defaults(run=cmd_dlq, is_async=False)
     watch.add_parser(sub).set_defaults(run=cmd_watch, is_async=True)
+    timeline.add_parser(sub).set_defaults(run=cmd_trace, is_async=False)
     return parser
 
 

@@ -41,6 +41,7 @@ from hutch.services.fetcher.fetch import NotSent, fetch, make_client, warm_up
 from hutch.services.fetcher.guard import TargetGuard, parse_overrides
 from hutch.services.fetcher.lateness import Lateness
 from hutch.services.fetcher.policy import Decision, FetchResult, decide, load_policy
+from hutch.services.fetcher.spans import fetch_span, finish
 from hutch.services.fetcher.timeouts import TimeoutEstimator, Timeouts
 from hutch.topology import HEARTBEAT, PARSE_KEY, outcome_key, robots_key
 
@@ -254,26 +255,29 @@ class Fetcher(Service):
                 await self._back_to_frontier(task, "permit_late")
                 return
             started = time.monotonic()
-            try:
-                result = await self._fetch(task, lease, on_time=lambda: not too_late())
-            except NotSent:  # late at the last moment: the site saw nothing
-                await self._back_to_frontier(task, "permit_late")
-                return
-            except Exception as exc:  # a bug or an input nothing foresaw: an outcome like any other
-                log.exception("fetching task %s failed unexpectedly", task.id)
-                result = _error(exc, time.monotonic() - started)
-            if result is None:  # cut off by a shutdown: back to the frontier, unspent
-                await self._back_to_frontier(task, "shutdown")
-                return
+            with fetch_span(task, lease, task.fetch_url or task.url) as span:
+                try:
+                    result = await self._fetch(task, lease, on_time=lambda: not too_late())
+                except NotSent:  # late at the last moment: the site saw nothing
+                    span.set_attribute("hutch.outcome", "not_sent")
+                    await self._back_to_frontier(task, "permit_late")
+                    return
+                except Exception as exc:  # a bug or an input nothing foresaw: an outcome like any other
+                    log.exception("fetching task %s failed unexpectedly", task.id)
+                    result = _error(exc, time.monotonic() - started)
+                if result is None:  # cut off by a shutdown: back to the frontier, unspent
+                    await self._back_to_frontier(task, "shutdown")
+                    return
+                span_id = finish(span, result)
             tier = lease.tier or "direct"
             self.metrics.task_age.observe(max(0.0, time.time() - task.submitted_at))
             self.metrics.fetch_seconds.labels(tier).observe(result.elapsed)
             self.metrics.proxy_requests.labels(tier).inc()
         finally:
             self.busy -= 1
-        await self._outcome(task, lease, result)
+        await self._outcome(task, lease, result, span_id)
 
-    async def _outcome(self, task: Task, lease: Lease, result: FetchResult) -> None:
+    async def _outcome(self, task: Task, lease: Lease, result: FetchResult, span_id: str | None = None) -> None:
         """Route what one attempt produced; an unexpected error in routing is the outcome `error`."""
         self.metrics.count(self.metrics.fetches, task.domain, result.outcome)
         if task.purpose == "robots":
@@ -286,7 +290,7 @@ class Fetcher(Service):
             return decide(result, task.attempts, task.history, self.policy, tiers, redirects=task.redirects, url=url)
 
         try:
-            await self._route(task, lease, result, decision(result))
+            await self._route(task, lease, result, decision(result), span_id)
         except (PublishFailed, AMQPError, ConnectionError):
             raise  # the infrastructure's: the AMQP layer requeues it unspent
         except Exception as exc:
@@ -294,7 +298,7 @@ class Fetcher(Service):
                 raise  # routing an error failed too: the AMQP layer counts it and gives up
             log.exception("routing task %s (%s) failed unexpectedly", task.id, result.outcome)
             error = _error(exc, result.elapsed, result.status)
-            await self._route(task, lease, error, decision(error))
+            await self._route(task, lease, error, decision(error), span_id)
 
     async def _back_to_frontier(self, task: Task, why: str) -> None:
         """Back to the frontier with no permit and no attempt spent.
@@ -348,7 +352,9 @@ class Fetcher(Service):
         await self.broker.publish(self.broker.topology.events, robots_key(task.domain), robots)
         await self._event(task, result.outcome, "dead", status=result.status, lease=lease, elapsed=result.elapsed)
 
-    async def _route(self, task: Task, lease: Lease, result: FetchResult, decision: Decision) -> None:
+    async def _route(
+        self, task: Task, lease: Lease, result: FetchResult, decision: Decision, span_id: str | None = None
+    ) -> None:
         topology = self.broker.topology
         attempts = task.attempts + (1 if decision.spend else 0)
         record = Attempt(
@@ -362,6 +368,7 @@ class Fetcher(Service):
             delay=decision.delay,
             spent=decision.spend,
             detail=result.detail or None,
+            span_id=span_id,
         )
         failed = list(task.failed_proxies)
         if decision.avoid_proxy and lease.proxy_id and lease.proxy_id not in failed:
@@ -405,6 +412,7 @@ class Fetcher(Service):
             elapsed=result.elapsed,
             delay=decision.delay if action == "retry" else None,
             retry_after=result.retry_after,
+            span_id=span_id,
         )
 
     async def _event(
@@ -418,6 +426,7 @@ class Fetcher(Service):
         elapsed: float | None = None,
         delay: float | None = None,
         retry_after: float | None = None,
+        span_id: str | None = None,
     ) -> None:
         event = Event(
             kind="outcome",
@@ -437,6 +446,8 @@ class Fetcher(Service):
             next=next_step,
             delay=delay,
             incarnation=task.incarnation,
+            trace_id=task.trace_id,
+            span_id=span_id,
             task=task.model_copy(update={"permit": None}),  # the store keeps it (reconciler)
         )
         key = outcome_key(task.domain, proxied=event.proxy_id is not None)

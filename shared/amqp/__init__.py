@@ -47,7 +47,6 @@ from hutch.amqp.broker import (
     declare_queue,
     infra_backoff,
     queue_depth,
-    task_id_of,
     topology_for,
 )
 from hutch.amqp.consumer import CRASHES, FAILURES, Consumer, Delivery, Handler, copy_properties
@@ -72,6 +71,5 @@ __all__ = [
     "infra_backoff",
     "queue_depth",
     "serve_rpc",
-    "task_id_of",
     "topology_for",
 ]

@@ -83,11 +83,6 @@ class Requeue(Exception):
         self.backoff = backoff
 
 
-def task_id_of(body: object) -> str | None:
-    """The id of the task a message is about, for span attributes and logs."""
-    return body.subject() if isinstance(body, Model) else None
-
-
 def topology_for(settings: Settings) -> Topology:
     return Topology(
         settings.namespace,
@@ -283,8 +278,10 @@ class Broker:
         if not telemetry.enabled():
             await self._send(exchange, routing_key, payload, properties, mandatory)
             return
-        with telemetry.tracer().start_as_current_span(
+        model = body if isinstance(body, Model) else None
+        with telemetry.task_span(
             f"{exchange or '(default)'} publish",
+            model.trace() if model else None,
             kind=trace.SpanKind.PRODUCER,
             attributes={
                 "messaging.system": "rabbitmq",
@@ -292,11 +289,9 @@ class Broker:
                 "messaging.destination.name": exchange,
                 "messaging.rabbitmq.destination.routing_key": routing_key,
                 "hutch.message.type": kind,
+                **(model.span_attributes() if model else {}),
             },
-        ) as span:
-            about = task_id_of(body)
-            if about is not None:
-                span.set_attribute("hutch.task.id", about)
+        ):
             telemetry.inject(all_headers)  # the properties hold this dict: sent with the trace
             await self._send(exchange, routing_key, payload, properties, mandatory)
 
@@ -427,26 +422,10 @@ class Broker:
         return await Consumer(channel, queue, settled, arguments).start()
 
     async def _handle(self, message: Delivery, how: _Consuming) -> None:
-        if not telemetry.enabled():
-            await self._process(message, how, trace.INVALID_SPAN)
-            return
-        with telemetry.tracer().start_as_current_span(
-            f"{how.queue} process",
-            context=telemetry.extract(message.headers),
-            kind=trace.SpanKind.CONSUMER,
-            attributes={
-                "messaging.system": "rabbitmq",
-                "messaging.operation": "process",
-                "messaging.destination.name": how.queue,
-                "messaging.message.id": message.message_id or "",
-                "hutch.stage": how.stage,
-            },
-        ) as span:
-            await self._process(message, how, span)
-
-    async def _process(self, message: Delivery, how: _Consuming, span: trace.Span) -> None:
+        """Decode, then handle in a consumer span in the trace of the task the message is about."""
         if message.redelivered:
-            await self._crashed(message, how, span)
+            with self._consumer_span(message, how, None) as span:
+                await self._crashed(message, how, span)
             return
         body = message.body
         try:
@@ -455,13 +434,37 @@ class Broker:
             payload = decode(body, how.model)
         except DecodeError as exc:
             log.warning("undecodable message on %s: %s", how.queue, exc)
-            span.set_attribute("hutch.outcome", "decode")
             # Kept inflated in the dead letter when it inflated, as it came otherwise.
             await self._dead_then_ack(message, how, "decode", str(exc), None, raw=body)
             return
-        about = task_id_of(payload)
-        if about is not None:
-            span.set_attribute("hutch.task.id", about)
+        model = payload if isinstance(payload, Model) else None
+        attributes = model.span_attributes() if model else {}
+        with self._consumer_span(message, how, model) as span, telemetry.about(
+            attributes, model.trace() if model else None
+        ):
+            await self._process(message, how, payload, span)
+
+    def _consumer_span(
+        self, message: Delivery, how: _Consuming, model: Model | None
+    ) -> contextlib.AbstractContextManager[trace.Span]:
+        if not telemetry.enabled():
+            return contextlib.nullcontext(trace.INVALID_SPAN)
+        return telemetry.task_span(
+            f"{how.queue} process",
+            model.trace() if model else None,
+            telemetry.extract(message.headers),
+            kind=trace.SpanKind.CONSUMER,
+            attributes={
+                "messaging.system": "rabbitmq",
+                "messaging.operation": "process",
+                "messaging.destination.name": how.queue,
+                "messaging.message.id": message.message_id or "",
+                "hutch.stage": how.stage,
+                **(model.span_attributes() if model else {}),
+            },
+        )
+
+    async def _process(self, message: Delivery, how: _Consuming, payload: BaseModel, span: trace.Span) -> None:
         try:
             await how.handler(payload, message)
         except Dead as dead:

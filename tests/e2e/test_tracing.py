@@ -14,6 +14,7 @@ from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import urlsplit
 
 import pytest
 from hutch_sandbox import Sandbox
@@ -22,10 +23,11 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
+from hutch.models import task_id
 from hutch.settings import Settings
 from hutch.store import Store
 
-from .conftest import Services
+from .conftest import Services, submit_urls
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
@@ -38,6 +40,12 @@ class ReceivedSpan:
     parent_id: str
     name: str
     task_id: str | None
+    kind: int = 0
+    attributes: tuple[tuple[str, object], ...] = ()
+    links: tuple[str, ...] = ()  # span ids linked to
+
+    def attribute(self, key: str) -> object:
+        return dict(self.attributes).get(key)
 
 
 class Receiver:
@@ -80,6 +88,10 @@ class Receiver:
                         task = next(
                             (a.value.string_value for a in span.attributes if a.key == "hutch.task.id"), None
                         )
+                        values = tuple(
+                            (a.key, a.value.string_value if a.value.HasField("string_value") else a.value.int_value)
+                            for a in span.attributes
+                        )
                         self.spans.append(
                             ReceivedSpan(
                                 attrs.get("service.name", "?"),
@@ -88,6 +100,9 @@ class Receiver:
                                 span.parent_span_id.hex(),
                                 span.name,
                                 task,
+                                span.kind,
+                                values,
+                                tuple(link.span_id.hex() for link in span.links),
                             )
                         )
 
@@ -148,3 +163,39 @@ async def test_every_span_of_a_task_shares_one_trace_from_submit_to_store(
         roots = [s for s in spans if not s.parent_id]
         assert [r.service for r in roots] == ["hutch-control"], task["url"]
     assert len({by_task[t["id"]][0].trace_id for t in stored}) == len(stored)
+
+
+async def test_each_attempt_is_an_http_client_span_linked_to_the_one_before(
+    settings: Settings, sandbox: Sandbox, services: Services, receiver: Receiver
+) -> None:
+    url = f"{sandbox.sites['alpha'].base_url}/flaky/linked?fail=2&code=500"
+    await submit_urls(settings, "linked", [url])
+    await services.wait_done("linked", timeout=60)
+    tid = task_id("linked", url)
+    store = Store(settings.store_location)
+    try:
+        attempts = store.attempts(tid)
+    finally:
+        store.close()
+    assert [a["outcome"] for a in attempts] == ["server_error", "server_error", "ok"]
+    spans: list[ReceivedSpan] = []
+    for _ in range(100):
+        with receiver.lock:
+            spans = [s for s in receiver.spans if s.task_id == tid]
+        if len([s for s in spans if s.name == "GET"]) == 3 and any(s.service == "hutch-storer" for s in spans):
+            break
+        await asyncio.sleep(0.1)
+    assert len({s.trace_id for s in spans}) == 1
+    assert {a["trace_id"] for a in attempts} == {spans[0].trace_id}  # the store's trace id is the spans'
+    fetches = sorted((s for s in spans if s.name == "GET"), key=lambda s: s.attribute("hutch.attempt"))  # type: ignore[arg-type, return-value]
+    assert [s.span_id for s in fetches] == [a["span_id"] for a in attempts]
+    assert [s.attribute("http.response.status_code") for s in fetches] == [500, 500, 200]
+    assert [s.attribute("hutch.outcome") for s in fetches] == ["server_error", "server_error", "ok"]
+    assert all(s.kind == 3 for s in fetches)  # SPAN_KIND_CLIENT
+    assert all(s.attribute("url.full") == url and s.attribute("http.request.method") == "GET" for s in fetches)
+    assert [s.links for s in fetches] == [(), (fetches[0].span_id,), (fetches[1].span_id,)]
+    domain = urlsplit(url).netloc
+    for span in spans:  # every span about the task says which job, domain and attempt
+        assert span.attribute("hutch.job") == "linked", span
+        assert span.attribute("hutch.domain") == domain, span
+        assert isinstance(span.attribute("hutch.attempt"), int), span
