@@ -55,6 +55,8 @@ SERIES = (
     "hutch_proxies",
     "hutch_proxy_bans",
     "hutch_items_stored_total",
+    "hutch_pages_parsed_total",
+    "hutch_parse_duration_seconds",
     "hutch_fetch_slots_wanted",
     "hutch_fetches_in_flight",
     "hutch_fetch_demand",
@@ -173,6 +175,14 @@ class Metrics:
         "hutch_proxy_leases", "Proxy leases given (none: no proxy usable then), by tier", ["tier"], registry=None
     ))
     stored = _Family(lambda: Counter("hutch_items_stored", "Items written to the store", registry=None))
+    parsed = _Family(lambda: Counter(
+        "hutch_pages_parsed", "Pages the parser finished, by outcome (ok, or the parse failure's reason)",
+        ["outcome"], registry=None,
+    ))
+    parse_seconds = _Family(lambda: Histogram(
+        "hutch_parse_duration_seconds", "Time extracting one page took, in a parse worker and waiting for one",
+        buckets=FETCH_BUCKETS, registry=None,
+    ))
 
     def __init__(self, top_domains: int = 50) -> None:
         self.registry = CollectorRegistry(auto_describe=True)

@@ -19,7 +19,7 @@ import logging
 import os
 import sys
 from collections.abc import Iterator, Mapping, MutableMapping
-from typing import Any
+from typing import Any, Protocol
 
 from opentelemetry import propagate, trace
 from opentelemetry.context import Context
@@ -34,15 +34,32 @@ _tracing = False  # a provider is installed that hands spans to someone
 _tracer: trace.Tracer | None = None
 
 
-# What the message being handled is about (its job, task, domain, attempt and trace), for
-# log lines: the AMQP layer sets it around each handler (`about`).
-_about: contextvars.ContextVar[dict[str, str | int] | None] = contextvars.ContextVar("hutch_about", default=None)
+class About(Protocol):
+    """What a message being handled is about (a task): what its log lines carry."""
+
+    def span_attributes(self) -> dict[str, str | int]: ...
+
+    def trace(self) -> str | None: ...
+
+
+# The message being handled, for JSON log lines: the AMQP layer sets it around each handler
+# (`about`), only when JSON logs are on, so that text logs cost nothing per message.
+_about: contextvars.ContextVar[About | None] = contextvars.ContextVar("hutch_about", default=None)
+_json_logs = False
+
+
+def json_logs() -> bool:
+    """Whether this process writes JSON log lines (`HUTCH_LOG_FORMAT=json`)."""
+    return _json_logs
 
 
 @contextlib.contextmanager
-def about(attributes: dict[str, str | int], trace_id: str | None) -> Iterator[None]:
-    """Log lines written inside carry these attributes and the trace id (JSON logs)."""
-    token = _about.set({**attributes, "trace_id": trace_id} if trace_id else attributes)
+def about(subject: About | None) -> Iterator[None]:
+    """Log lines written inside carry what `subject` is about (JSON logs)."""
+    if not _json_logs or subject is None:
+        yield
+        return
+    token = _about.set(subject)
     try:
         yield
     finally:
@@ -65,10 +82,13 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "message": record.getMessage(),
         }
-        attributes = _about.get()
-        if attributes:
-            for key, value in attributes.items():
+        subject = _about.get()
+        if subject is not None:
+            for key, value in subject.span_attributes().items():
                 line[key.removeprefix("hutch.").replace(".", "_")] = value
+            found = subject.trace()
+            if found:
+                line["trace_id"] = found
         span = trace.get_current_span().get_span_context()
         if span.is_valid:
             line["trace_id"] = f"{span.trace_id:032x}"
@@ -79,6 +99,8 @@ class JsonFormatter(logging.Formatter):
 
 
 def setup_logging(service: str, level: str = "INFO", log_format: str = "text") -> None:
+    global _json_logs
+    _json_logs = log_format == "json"
     handler = logging.StreamHandler(sys.stderr)
     if log_format == "json":
         handler.setFormatter(JsonFormatter(service))

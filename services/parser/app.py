@@ -36,10 +36,14 @@ class Parser(Service):
         await self.pool.close()
 
     async def _on_page(self, page: Page, _: Delivery) -> None:
+        started = time.monotonic()
         try:
             fields = await self.pool.extract(page.text, page.final_url, page.status, page.task.spec)
         except ParseFailed as failed:
+            self.metrics.parsed.labels(failed.reason).inc()
             raise Dead(failed.reason, failed.detail) from None
+        self.metrics.parsed.labels("ok").inc()
+        self.metrics.parse_seconds.observe(time.monotonic() - started)
         item = Item(task=page.task, status=page.status, fields=fields, parsed_at=time.time())
         await self.broker.publish(self.broker.topology.work, STORE_KEY, item)
 

@@ -438,10 +438,10 @@ class Broker:
             await self._dead_then_ack(message, how, "decode", str(exc), None, raw=body)
             return
         model = payload if isinstance(payload, Model) else None
-        attributes = model.span_attributes() if model else {}
-        with self._consumer_span(message, how, model) as span, telemetry.about(
-            attributes, model.trace() if model else None
-        ):
+        if not telemetry.enabled() and not telemetry.json_logs():  # the common case: nothing to add
+            await self._process(message, how, payload, trace.INVALID_SPAN)
+            return
+        with self._consumer_span(message, how, model) as span, telemetry.about(model):
             await self._process(message, how, payload, span)
 
     def _consumer_span(

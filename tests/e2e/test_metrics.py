@@ -193,6 +193,8 @@ async def test_prometheus_scrapes_the_four_signals_from_every_service_during_a_j
         assert one(prometheus, 'sum(hutch_fetch_duration_seconds_count{tier="direct"})') >= GOOD
         assert one(prometheus, "hutch_fetch_demand") <= 0  # nothing waits now
         assert one(prometheus, "hutch_items_stored_total") == GOOD + FLAKY
+        assert one(prometheus, 'hutch_pages_parsed_total{outcome="ok"}') == GOOD + FLAKY
+        assert one(prometheus, "hutch_parse_duration_seconds_count") == GOOD + FLAKY
 
         # Every query of the shipped dashboard is valid PromQL on these series.
         dashboard = json.loads((REPO / "deploy" / "grafana" / "hutch.json").read_text())

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import logging
 
+import pytest
+
 from hutch import telemetry
 from hutch.models import Task
 
@@ -17,10 +19,15 @@ def line(formatter: logging.Formatter, message: str, exc: BaseException | None =
     return found
 
 
-def test_a_line_about_a_task_names_it_and_its_trace() -> None:
+@pytest.fixture
+def json_logs(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(telemetry, "_json_logs", True)  # as setup_logging(..., "json") sets it
+
+
+def test_a_line_about_a_task_names_it_and_its_trace(json_logs: None) -> None:
     formatter = telemetry.JsonFormatter("fetcher")
     task = Task(id="t1", job="shop", url="http://a.example/x", domain="a.example", attempts=2)
-    with telemetry.about(task.span_attributes(), task.trace()):
+    with telemetry.about(task):
         found = line(formatter, f"slow answer from {task.domain}")
     assert found["service"] == "fetcher" and found["level"] == "WARNING" and found["logger"] == "hutch.test"
     assert found["message"] == "slow answer from a.example"
