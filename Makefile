@@ -29,7 +29,7 @@ demo: broker
 	$(PY) -m hutch.services.control.demo
 
 test: broker tools
-	$(PY) -m pytest -q -ra
+	$(PY) -m pytest -q -ra --durations=25
 
 # Prometheus and promtool (Debian's package) for tests/e2e/test_metrics.py; installed with
 # apt where they are missing and apt can run, else that test is skipped (and says why).
