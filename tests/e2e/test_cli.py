@@ -46,7 +46,10 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
 
 HERE = Path(__file__).parent
 SANDBOX_CONFIG = HERE / "sandbox-cli.yaml"
-COMMANDS = ("up", "serve", "submit", "status", "pause", "resume", "cancel", "weight", "run", "export", "sandbox", "dlq")
+COMMANDS = (
+    "up", "serve", "submit", "status", "pause", "resume", "cancel", "weight", "run", "export", "sandbox", "dlq",
+    "watch", "trace",
+)
 SCRIPT = Path(sys.executable).with_name("hutch")
 # The installed console script; cli.py has no __main__ guard, so without it, call main().
 HUTCH = (
