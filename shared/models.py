@@ -196,6 +196,26 @@ class Task(Model):
                 "hutch.attempt": self.attempts}
 
 
+MAX_SUBMISSION_URLS = 1000  # URLs in one intake message: a big file goes as many messages
+
+
+class Submission(Model):
+    """URLs of one job submitted through the broker (`intake`: exchange `work`, key `intake`).
+
+    Any AMQP client can send one: `{"v": 1, "job": "catalogue", "urls": ["https://..."]}`,
+    optionally with `spec` (the fields to extract) and `tier_floor`. The storer records the
+    tasks, then publishes them to the frontier, with a confirm at each step; a URL already
+    recorded for the job is not published again. A submission is taken whole or refused
+    whole: one invalid URL or a bad job name makes it dead (`invalid_submission`), naming it.
+    """
+
+    v: Literal[1] = 1
+    job: str
+    urls: list[str] = Field(min_length=1, max_length=MAX_SUBMISSION_URLS)
+    spec: Spec | None = None
+    tier_floor: str | None = None
+
+
 class Page(Model):
     """A fetched page on its way to the parser."""
 

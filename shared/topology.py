@@ -22,7 +22,8 @@ Shape (see the design card):
   stream: `domain_queue` still names them, for `hutch.migrate` to empty them.)
 - `frontier.paused`: tasks of paused jobs; `jobs`: a stream of job controls;
   `released.log`: a stream of the `released` event batches, kept an hour.
-- `work` (direct): `fetch.ready`, `parse`, `store` queues under their own names as keys.
+- `work` (direct): `fetch.ready`, `parse`, `store` and `intake` queues under their own names
+  as keys (`intake`: submissions, which the storer records before it publishes their tasks).
 - `retry.<delay>`: a fanout exchange and a queue per delay tier with a fixed TTL that
   dead-letters into `frontier` with no dead-letter routing key, so an expired retry re-enters
   its own shard under its original key. No consumers: the broker holds the delay.
@@ -64,6 +65,7 @@ ExchangeType = Literal["direct", "fanout", "topic"]
 FETCH_KEY = "fetch.ready"  # work: a released task, for the fetchers
 PARSE_KEY = "parse"  # work: a fetched page, for the parsers
 STORE_KEY = "store"  # work: an item, for the storer
+INTAKE_KEY = "intake"  # work: a submission from any producer, for the storer to record and publish
 RELEASED = "released"  # events: a governor's batch of `released` events
 HEARTBEAT = "fetcher.heartbeat"  # events: a fetcher's slots and how many are busy
 STATUS = "governor.status"  # events: a status request; every governor answers its reply-to
@@ -177,6 +179,7 @@ class Topology:
         self.fetch_ready = p + "fetch.ready"
         self.parse = p + "parse"
         self.store = p + "store"
+        self.intake = p + "intake"
         self.dlq = p + "dlq"
         self.ledger = p + "dead.ledger"
         self.domains = p + "domains"
@@ -299,6 +302,8 @@ class Topology:
             QueueSpec(self.fetch_ready, work, ((self.work, FETCH_KEY),)),
             QueueSpec(self.parse, work, ((self.work, PARSE_KEY),)),
             QueueSpec(self.store, work, ((self.work, STORE_KEY),)),
+            # Submissions from any producer: the storer records them, then publishes their tasks.
+            QueueSpec(self.intake, work, ((self.work, INTAKE_KEY),)),
             # Kept for a look with the broker's tools, bounded: the ledger is the record.
             QueueSpec(
                 self.dlq,

@@ -28,13 +28,15 @@ import contextlib
 import logging
 import time
 
-from hutch.amqp import Delivery, PublishFailed, Requeue, queue_depth
-from hutch.models import AnyEvent, DeadLetter, Item, JobControl, Rescued
+from hutch.amqp import Dead, Delivery, PublishFailed, Requeue, queue_depth
+from hutch.models import AnyEvent, DeadLetter, Item, JobControl, Rescued, Submission
 from hutch.service import Service
+from hutch.services.control.submit import JobNameError, check_job_name, submit
 from hutch.services.storer import reconcile
 from hutch.services.storer.writer import GroupWriter, Write
 from hutch.store import AsyncStore, Silent, Store, StoreUnavailable, is_outage
 from hutch.topology import rescued_key
+from hutch.urls import InvalidURL, check_url
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +88,7 @@ class Storer(Service):
             prefetch=JOBS_PREFETCH,
             arguments={"x-stream-offset": "first"},
         )
+        await self.broker.consume(topology.intake, Submission, self._on_submission, stage="intake", prefetch=4)
         self._reconciler = asyncio.create_task(self._reconcile_every(s.reconcile_interval))
 
     async def stop(self) -> None:
@@ -109,6 +112,30 @@ class Storer(Service):
     async def _on_event(self, message: AnyEvent, _: Delivery) -> None:
         events = message.events()
         await self._write(lambda store: store.apply_events(events))
+
+    async def _on_submission(self, submission: Submission, _: Delivery) -> None:
+        """Record a submission's tasks, then publish those not published before (the same
+        path as `hutch submit`'s). Refused whole when a URL or the job name is invalid;
+        acked only once every task is recorded and the broker confirmed each publish, so a
+        storer that dies midway has the submission again, and publishes what is still new."""
+        max_bytes = self.settings.max_url_bytes
+        try:
+            check_job_name(submission.job)
+        except JobNameError as exc:
+            raise Dead("invalid_submission", f"job name: {exc}") from None
+        for n, url in enumerate(submission.urls, 1):
+            try:
+                check_url(url, max_bytes)
+            except InvalidURL as exc:
+                raise Dead("invalid_submission", f"URL {n} of {len(submission.urls)}: {exc}") from None
+        try:
+            await submit(self.broker, self.store, submission.job, iter(submission.urls), submission.spec,
+                         tier_floor=submission.tier_floor, max_url_bytes=max_bytes)
+        except Exception as exc:
+            if is_outage(exc):
+                log.warning("store unavailable; submission requeued: %s", exc)
+                raise Requeue() from None
+            raise
 
     async def _on_job_control(self, control: JobControl, _: Delivery) -> None:
         # Never raise: the consumer's Requeue or failure path republishes to the queue, which
