@@ -27,7 +27,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
 from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
-from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+from opentelemetry.trace import Link
 
 _configured = False
 _tracing = False  # a provider is installed that hands spans to someone
@@ -188,10 +188,10 @@ def task_span(
     """A span about a task, in the task's one trace (`Task.trace_id`), made current.
 
     Under `carried` (a message's headers; else the current context) when that is in the
-    task's trace already. With no span there at all (at submit, where the task's trace
-    begins, or a publish from a loop of a service's own), a root span that takes the task's
-    trace id. Under a span of another trace, a child of a remote parent in the task's
-    trace whose id derives from the trace id: the task's spans stay in its trace.
+    task's trace already. Otherwise a root span that takes the task's trace id: where the
+    task's trace begins (the storer publishing a submission's tasks, a submit), or a publish
+    from a loop of a service's own. A root started under a span of another trace (the
+    submission's, which carried many URLs) links to that span.
     """
     context = carried
     wanted: int | None = None
@@ -200,11 +200,10 @@ def task_span(
         found = trace.get_current_span(carried).get_span_context()
         if found.is_valid and found.trace_id == wanted:
             wanted = None
-        elif found.is_valid:
-            root = SpanContext(wanted, int(trace_id[:16], 16) or 1, True, TraceFlags(TraceFlags.SAMPLED))
-            context, wanted = trace.set_span_in_context(NonRecordingSpan(root), Context()), None
         else:
             context = Context()
+            if found.is_valid:
+                options["links"] = [*options.get("links", ()), Link(found, {"hutch.link": "submitted by"})]
     token = _wanted_trace.set(wanted)
     try:
         span = tracer().start_span(name, context=context, **options)  # the trace id is drawn here

@@ -48,6 +48,7 @@ from hutch.services.control.submit import (
     check_job_name,
     check_urls,
     default_job_name,
+    send,
     submit,
     valid_urls,
 )
@@ -268,19 +269,22 @@ async def cmd_submit(args: argparse.Namespace) -> int:
     _not_cancelled(settings, job)
     spec = _load_spec(args.spec)
     _check_urls(path, args.skip_invalid, settings.max_url_bytes)
+    # The broker is all it needs: the storer records the URLs from the intake queue.
     broker = await _connect(settings)
-    store = await AsyncStore(settings.store_location).open()
     try:
-        result = await _submit_file(broker, store, settings, job, path, spec, args.tier_floor, args.weight)
+        if args.weight is not None:
+            await append_control(broker, control_record(job, "weight", args.weight))
+        sent = await send(
+            broker, job, valid_urls(path, settings.max_url_bytes), spec, args.tier_floor, settings.max_url_bytes
+        )
     finally:
-        await store.close()
         await broker.close()
-    duplicates = result.lines - result.published - result.already
+    duplicates = sent.lines - sent.urls
     print(job)
     print(
-        f"submitted {result.published} tasks to job {job}"
-        + (f", {result.already} already known" if result.already else "")
-        + (f", {duplicates} duplicate lines" if duplicates else ""),
+        f"submitted {sent.urls} URLs to job {job}"
+        + (f", {duplicates} duplicate lines" if duplicates else "")
+        + "; the storer records them (a URL the job has already is not fetched again)",
         file=sys.stderr,
     )
     return 0

@@ -19,8 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hutch.amqp import Broker
-from hutch.models import Spec, Task, task_id
+from hutch.models import MAX_SUBMISSION_URLS, Spec, Submission, Task, task_id
 from hutch.store import AsyncStore
+from hutch.topology import INTAKE_KEY
 from hutch.urls import DEFAULT_MAX_URL_BYTES, InvalidURL, check_url
 
 BATCH = 500
@@ -103,6 +104,55 @@ def valid_urls(path: Path, max_url_bytes: int = DEFAULT_MAX_URL_BYTES) -> Iterat
         except InvalidURL:
             continue
         yield text
+
+
+@dataclass
+class Sent:
+    """What `send` put on the intake queue: distinct URLs in how many messages."""
+
+    job: str
+    lines: int
+    urls: int
+    messages: int
+
+
+async def send(
+    broker: Broker,
+    job: str,
+    urls: Iterator[str],
+    spec: Spec | None,
+    tier_floor: str | None = None,
+    max_url_bytes: int = DEFAULT_MAX_URL_BYTES,
+) -> Sent:
+    """Submit `urls` as job `job` through the broker alone: submissions of up to
+    `MAX_SUBMISSION_URLS` URLs on the intake queue, each confirmed before the next batch is
+    read. The storer records them and publishes their tasks (`Submission`); a URL it already
+    has for the job is not published again. URLs repeated in `urls` go once."""
+    check_job_name(job)
+    sent = Sent(job, 0, 0, 0)
+    seen: set[str] = set()
+    batch: list[str] = []
+
+    async def flush() -> None:
+        await broker.publish(
+            broker.topology.work, INTAKE_KEY, Submission(job=job, urls=batch, spec=spec, tier_floor=tier_floor)
+        )
+        sent.urls += len(batch)
+        sent.messages += 1
+        batch.clear()
+
+    for text in urls:
+        sent.lines += 1
+        url = check_url(text, max_url_bytes).url
+        if url in seen:
+            continue
+        seen.add(url)
+        batch.append(url)
+        if len(batch) >= MAX_SUBMISSION_URLS:
+            await flush()
+    if batch:
+        await flush()
+    return sent
 
 
 async def submit(

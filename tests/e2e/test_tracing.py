@@ -145,7 +145,9 @@ async def test_every_span_of_a_task_shares_one_trace_from_submit_to_store(
     finally:
         store.close()
     assert stored
-    wanted = {"hutch-control", "hutch-governor", "hutch-fetcher", "hutch-parser", "hutch-storer"}
+    # `hutch submit` sends the URLs in submissions on the intake queue, each in a trace of its
+    # own; each task's trace begins where the storer publishes the task, linked to that.
+    wanted = {"hutch-governor", "hutch-fetcher", "hutch-parser", "hutch-storer"}
     by_task: dict[str, list[ReceivedSpan]] = defaultdict(list)
     for _ in range(100):  # the exporters flush every 200 ms
         with receiver.lock:
@@ -161,7 +163,12 @@ async def test_every_span_of_a_task_shares_one_trace_from_submit_to_store(
         assert wanted <= {s.service for s in spans}, (task["url"], {s.service for s in spans})
         assert len({s.trace_id for s in spans}) == 1, task["url"]
         roots = [s for s in spans if not s.parent_id]
-        assert [r.service for r in roots] == ["hutch-control"], task["url"]
+        assert [r.service for r in roots] == ["hutch-storer"], task["url"]
+        (link,) = roots[0].links
+        with receiver.lock:
+            (intake,) = [s for s in receiver.spans if s.span_id == link]
+            submitted = {s.service for s in receiver.spans if s.trace_id == intake.trace_id}
+        assert intake.service == "hutch-storer" and "hutch-control" in submitted, (intake, submitted)
     assert len({by_task[t["id"]][0].trace_id for t in stored}) == len(stored)
 
 
