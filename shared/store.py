@@ -204,7 +204,9 @@ class JobCounts:
 
     @property
     def done(self) -> bool:
-        return self.pending == 0
+        """Nothing pending, or the job cancelled: its tasks still in a delay tier end dead as
+        they surface, and nothing of it will be fetched again, so nobody need wait for them."""
+        return self.pending == 0 or self.state == "cancelled"
 
 
 def _private_file(path: Path) -> None:
@@ -547,6 +549,8 @@ class Store:
             "t.due_at, t.message, j.spec FROM tasks AS t LEFT JOIN jobs AS j ON j.name = t.job "
             "WHERE t.due_at IS NOT NULL AND t.due_at < MAX(?, ?) "
             "AND ((t.state = 'in_flight' AND t.due_at < ?) OR (t.state = 'retrying' AND t.due_at < ?)) "
+            # A paused job's tasks wait aside on purpose; a cancelled one's end as they surface.
+            "AND COALESCE(j.state, 'running') = 'running' "
             "ORDER BY t.due_at LIMIT ?",
             (in_flight_before, retrying_before, in_flight_before, retrying_before, int(limit)),
         ).fetchall()

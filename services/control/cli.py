@@ -165,7 +165,8 @@ async def _connect(settings: Settings, name: str = "control") -> Broker:
 
 
 def _counts_line(counts: JobCounts) -> str:
-    return f"done: {counts.stored} stored, {counts.dead} dead, {counts.pending} pending"
+    ended = " (cancelled)" if counts.state == "cancelled" else ""
+    return f"done: {counts.stored} stored, {counts.dead} dead, {counts.pending} pending{ended}"
 
 
 async def _job_counts(store: AsyncStore, job: str) -> JobCounts:
@@ -399,7 +400,8 @@ async def cmd_domains(args: argparse.Namespace) -> int:
 
 
 def job_state_text(row: JobCounts) -> str:
-    """`running`, `paused` or `cancelled`, `finished` once nothing is pending, and the weight if not 1."""
+    """`running`, `paused` or `cancelled` (done, whatever is pending), `finished` once nothing
+    is pending, and the weight if not 1."""
     text = row.state
     if row.total and row.pending == 0:
         text = "finished" if row.state == "running" else f"{row.state}, finished"
@@ -408,7 +410,7 @@ def job_state_text(row: JobCounts) -> str:
 
 def job_json(row: JobCounts, costs: list[dict[str, Any]]) -> dict[str, Any]:
     """A job's row in `hutch status --json`: its counts, state, weight, whether it finished."""
-    return {**row.__dict__, "finished": row.total > 0 and row.pending == 0, "costs": costs}
+    return {**row.__dict__, "finished": row.total > 0 and row.done, "costs": costs}
 
 
 async def control_job(settings: Settings, job: str, action: Action, weight: float | None = None) -> None:
@@ -558,7 +560,7 @@ async def run_job(
         while True:
             counts = await _job_counts(store, job)
             progress.show(counts)
-            if counts.pending == 0 or (deadline and time.monotonic() > deadline):
+            if counts.done or (deadline and time.monotonic() > deadline):  # cancelled counts as done
                 break
             await asyncio.sleep(0.5)
         progress.end()
@@ -600,7 +602,7 @@ async def cmd_run(args: argparse.Namespace) -> int:
         tier_floor=args.tier_floor,
         weight=args.weight,
     )
-    return 0 if counts.pending == 0 else 1
+    return 0 if counts.done else 1
 
 
 def cmd_dlq(args: argparse.Namespace) -> int:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from hutch.models import DeadLetter, Event, Item, Task, task_id
+from hutch.models import DeadLetter, Event, Item, JobControl, Task, task_id
 from hutch.store import _SCHEMA, SCHEMA_VERSION, Silent, Store
 
 JOB = "books"
@@ -259,3 +259,16 @@ def test_an_existing_store_file_open_to_others_is_made_private(tmp_path: Path) -
     os.chmod(path, 0o644)
     Store(str(path)).close()
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
+
+
+@pytest.mark.parametrize("action", ["pause", "cancel"])
+def test_the_tasks_of_a_paused_or_cancelled_job_are_never_taken_for_lost(store: Store, action: str) -> None:
+    task = make_task()
+    submitted(store, task)
+    store.apply_event(released(task, at=100.0))
+    assert [t.id for t in store.silent_tasks(200.0, 0.0, 10)] == [task.id]  # overdue while running
+    store.apply_job_control(JobControl(job=JOB, action=action, at=150.0))  # type: ignore[arg-type]
+    assert store.silent_tasks(200.0, 0.0, 10) == []
+    if action == "pause":
+        store.apply_job_control(JobControl(job=JOB, action="resume", at=160.0))
+        assert [t.id for t in store.silent_tasks(200.0, 0.0, 10)] == [task.id]  # watched again once resumed
