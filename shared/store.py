@@ -302,6 +302,35 @@ class Store:
     def job_exists(self, name: str) -> bool:
         return self.db.execute("SELECT 1 FROM jobs WHERE name = ?", (name,)).fetchone() is not None
 
+    def delete_job(self, name: str) -> dict[str, int] | None:
+        """Remove a job: its tasks, items, attempts, dead letters and its row, in one
+        transaction; how many rows of each went. None for a job the store does not know."""
+        with self._tx():
+            if self.db.execute("SELECT 1 FROM jobs WHERE name = ?", (name,)).fetchone() is None:
+                if self.db.execute("SELECT 1 FROM tasks WHERE job = ? LIMIT 1", (name,)).fetchone() is None:
+                    return None
+            gone = {
+                "attempts": self.db.execute(
+                    "DELETE FROM attempts WHERE task_id IN (SELECT id FROM tasks WHERE job = ?)", (name,)
+                ).rowcount,
+                "items": self.db.execute("DELETE FROM items WHERE job = ?", (name,)).rowcount,
+                "dead": self.db.execute("DELETE FROM dead WHERE job = ?", (name,)).rowcount,
+                "tasks": self.db.execute("DELETE FROM tasks WHERE job = ?", (name,)).rowcount,
+            }
+            self.db.execute("DELETE FROM jobs WHERE name = ?", (name,))
+        return gone
+
+    def finished_jobs(self, before: float) -> list[str]:
+        """Jobs done (nothing pending, or cancelled) whose last task moved before `before`:
+        what the retention setting removes."""
+        rows = self.db.execute(
+            "SELECT t.job FROM tasks t LEFT JOIN jobs j ON j.name = t.job GROUP BY t.job "
+            "HAVING MAX(t.updated_at) < ? AND (SUM(t.state NOT IN ('stored', 'dead')) = 0 "
+            "OR MAX(COALESCE(j.state, 'running')) = 'cancelled')",
+            (before,),
+        )
+        return [str(row[0]) for row in rows]
+
     def job_state(self, name: str) -> tuple[str, float] | None:
         """(state, weight) of a job, None for a job the store does not know."""
         row = self.db.execute("SELECT state, weight FROM jobs WHERE name = ?", (name,)).fetchone()

@@ -629,6 +629,33 @@ def sandbox_package() -> Any:
     return hutch_sandbox
 
 
+def cmd_jobs_delete(args: argparse.Namespace) -> int:
+    """Remove a done job from the store: its tasks, items, attempts and dead letters."""
+    settings = _settings()
+    try:
+        store = Store(settings.store_location)
+    except StoreError as exc:
+        raise UserError(str(exc)) from None
+    try:
+        found = store.counts(args.job)
+        if not found and not store.job_exists(args.job):
+            raise UserError(f"no job named {args.job!r} in the store")
+        if found and not found[0].done:
+            raise UserError(
+                f"job {args.job!r} has {found[0].pending} tasks pending: wait for it, or cancel it first "
+                f"(hutch cancel {args.job})"
+            )
+        gone = store.delete_job(args.job) or {}
+    finally:
+        store.close()
+    print(
+        f"deleted job {args.job}: {gone.get('tasks', 0)} tasks, {gone.get('items', 0)} items, "
+        f"{gone.get('attempts', 0)} attempts, {gone.get('dead', 0)} dead letters",
+        file=sys.stderr,
+    )
+    return 0
+
+
 def cmd_trace(args: argparse.Namespace) -> int:
     if bool(args.task_id) == bool(args.job and args.url) or bool(args.job) != bool(args.url):
         raise UserError("give a task id, or --job and --url (not both)")
@@ -759,6 +786,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub.choices["dlq"].set_defaults(run=cmd_dlq, is_async=False)
     watch.add_parser(sub).set_defaults(run=cmd_watch, is_async=True)
     timeline.add_parser(sub).set_defaults(run=cmd_trace, is_async=False)
+    p = sub.add_parser("jobs", help="manage jobs in the store")
+    jobs_sub = p.add_subparsers(dest="jobs_command", required=True, metavar="ACTION")
+    d = jobs_sub.add_parser("delete", help="remove a done (or cancelled) job: its tasks, items, attempts, dead letters")
+    d.add_argument("job", help="the job's name")
+    d.set_defaults(run=cmd_jobs_delete, is_async=False)
     return parser
 
 

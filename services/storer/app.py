@@ -183,8 +183,19 @@ class Storer(Service):
             await asyncio.sleep(interval)
             try:
                 await self.reconcile_once()
+                if self.settings.retention:
+                    await self.expire_jobs()
             except Exception as exc:  # the broker or the store is away: try next time
                 log.warning("reconciler sweep failed: %s: %s", type(exc).__name__, exc)
+
+    async def expire_jobs(self) -> list[str]:
+        """Remove the jobs done for longer than `HUTCH_RETENTION`; their names."""
+        before = time.time() - self.settings.retention
+        expired = await self.store.run(lambda store: store.finished_jobs(before))
+        for job in expired:
+            gone = await self.store.run(lambda store, job=job: store.delete_job(job))  # type: ignore[misc]
+            log.info("job %s removed after its retention: %s", job, gone)
+        return expired
 
     async def reconcile_once(self) -> dict[str, int]:
         """One sweep: rescue or stall every lost task; returns how many of each."""

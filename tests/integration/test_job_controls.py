@@ -13,7 +13,7 @@ import pytest
 from aio_pika.abc import AbstractIncomingMessage
 
 from hutch.amqp import Broker
-from hutch.models import JobControl, Submission, decode
+from hutch.models import DeadLetter, JobControl, Submission, Task, decode
 from hutch.services.control.cli import main
 from hutch.services.control.jobs import append_control, control_record
 from hutch.services.storer.app import Storer
@@ -191,3 +191,25 @@ async def test_a_storer_started_later_reads_the_stream_from_its_first_record(set
         finally:
             await service.shutdown()
     assert len(await read_jobs_stream(settings, 3, wait=3.0)) == 2
+
+
+async def test_the_storer_removes_jobs_done_for_longer_than_the_retention(settings: Settings, storer: Storer) -> None:
+    storer.settings = settings.model_copy(update={"retention": 60.0})
+    store = Store(settings.store_location)
+    try:
+        for job in ("stale", "recent"):
+            store.add_job(job, None)
+            task = Task(id=f"{job}1", job=job, url=f"http://{job}.example/", domain=f"{job}.example")
+            store.add_tasks([(task.id, job, task.url, task.domain)])
+            store.record_dead(DeadLetter(stage="fetch", reason="not_found", detail="", task=task), job)
+        store.db.execute("UPDATE tasks SET updated_at = ? WHERE job = 'stale'", (time.time() - 120,))
+        store.db.commit()
+    finally:
+        store.close()
+    assert await storer.expire_jobs() == ["stale"]
+    store = Store(settings.store_location)
+    try:
+        assert [c.job for c in store.counts()] == ["recent"]
+        assert not store.job_exists("stale") and store.dead_entries(job="stale") == []
+    finally:
+        store.close()

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from hutch.models import DeadLetter, Item, Task
 from hutch.services.control.cli import build_parser, domain_request, job_state_text, main
 from hutch.services.control.jobs import (
     JobControlError,
@@ -192,3 +193,52 @@ def test_submitting_to_a_cancelled_job_is_refused(
     code, err = run([command, str(urls), "--job", "gone"], capsys)
     assert code == 2
     assert "is cancelled" in err and "new job" in err
+
+
+def test_jobs_delete_removes_a_done_job_whole_and_refuses_one_still_running(
+    env: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    store = Store(f"sqlite:///{env}")
+    for job in ("done", "busy"):
+        store.add_job(job, None)
+        store.add_tasks([(f"{job}{n}", job, f"http://{job}.example/{n}", f"{job}.example") for n in range(3)])
+    for n in range(2):
+        task = Task(id=f"done{n}", job="done", url=f"http://done.example/{n}", domain="done.example")
+        store.store_item(Item(task=task, status=200, fields={"title": "t"}, parsed_at=1.0))
+    gone = Task(id="done2", job="done", url="http://done.example/2", domain="done.example")
+    store.record_dead(DeadLetter(stage="fetch", reason="not_found", detail="", task=gone), "m1")
+    store.close()
+
+    code, err = run(["jobs", "delete", "busy"], capsys)
+    assert code == 2 and "has 3 tasks pending" in err and "hutch cancel busy" in err
+    code, err = run(["jobs", "delete", "done"], capsys)
+    assert code == 0, err
+    assert "deleted job done: 3 tasks, 2 items, 0 attempts, 1 dead letters" in err
+    code, err = run(["jobs", "delete", "done"], capsys)
+    assert code == 2 and "no job named 'done'" in err
+
+    store = Store(f"sqlite:///{env}")
+    try:
+        assert [c.job for c in store.counts()] == ["busy"]
+        assert store.dead_entries(job="done") == [] and list(store.items("done")) == []
+        store.apply_job_control(control_record("busy", "cancel"))  # cancelled counts as done
+    finally:
+        store.close()
+    code, err = run(["jobs", "delete", "busy"], capsys)
+    assert code == 0 and "deleted job busy: 3 tasks" in err
+
+
+def test_retention_picks_the_jobs_done_longer_ago_than_it(env: Path) -> None:
+    store = Store(f"sqlite:///{env}")
+    try:
+        for job in ("old", "new", "open"):
+            store.add_job(job, None)
+            store.add_tasks([(f"{job}1", job, f"http://{job}.example/", f"{job}.example")])
+        for job in ("old", "new"):
+            task = Task(id=f"{job}1", job=job, url=f"http://{job}.example/", domain=f"{job}.example")
+            store.record_dead(DeadLetter(stage="fetch", reason="not_found", detail="", task=task), job)
+        store.db.execute("UPDATE tasks SET updated_at = 100 WHERE job IN ('old', 'open')")
+        store.db.commit()
+        assert store.finished_jobs(before=1000.0) == ["old"]  # `new` finished since, `open` never did
+    finally:
+        store.close()
