@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import time
 from collections import deque
 from collections.abc import Iterable, Sequence
@@ -432,14 +433,23 @@ async def run(settings: Settings, args: argparse.Namespace) -> int:
 
                 Console().print(render(view, args.top))
             return 1 if view["flags"] and args.exit_code else 0
+        from rich.console import Console
         from rich.live import Live
 
-        with Live(refresh_per_second=4, screen=False) as live:
+        console = Console()
+        # On a terminal the view redraws in place; into a pipe or a file, one view a reading.
+        live = Live(console=console, refresh_per_second=4, screen=False) if console.is_terminal else None
+        with live if live is not None else contextlib.nullcontext():
             while True:
                 readings.append(await reader.read())
                 while readings and readings[0].at < readings[-1].at - keep:
                     readings.popleft()
-                live.update(render(summary(readings, thresholds, args.window), args.top))
+                view = render(summary(readings, thresholds, args.window), args.top)
+                if live is not None:
+                    live.update(view)
+                else:
+                    console.print(view)
+                    console.file.flush()
                 await asyncio.sleep(args.interval)
     finally:
         await reader.close()
