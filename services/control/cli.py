@@ -128,6 +128,14 @@ def _job(given: str | None, urls_file: Path) -> str:
         raise UserError(str(exc)) from None
 
 
+def _open_store(settings: Settings) -> Store:
+    """The store, or the reason it cannot be opened as one sentence for the user."""
+    try:
+        return Store(settings.store_location)
+    except StoreError as exc:
+        raise UserError(str(exc)) from None
+
+
 def _not_cancelled(settings: Settings, job: str) -> None:
     """Refuse to submit to a job the local store says is cancelled: its tasks would end dead."""
     known = known_job(settings.store_location, job)
@@ -297,10 +305,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.top is not None or args.sort is not None or args.match is not None or args.paused:
         raise UserError("--top, --sort, --match and --paused go with --domains")
     settings = _settings()
-    try:
-        store = Store(settings.store_location)
-    except StoreError as exc:
-        raise UserError(str(exc)) from None
+    store = _open_store(settings)
     try:
         rows = store.counts(args.job)
         costs = cost_summary(store, args.job)
@@ -631,11 +636,7 @@ def sandbox_package() -> Any:
 
 def cmd_jobs_delete(args: argparse.Namespace) -> int:
     """Remove a done job from the store: its tasks, items, attempts and dead letters."""
-    settings = _settings()
-    try:
-        store = Store(settings.store_location)
-    except StoreError as exc:
-        raise UserError(str(exc)) from None
+    store = _open_store(_settings())
     try:
         found = store.counts(args.job)
         if not found and not store.job_exists(args.job):
