@@ -32,14 +32,14 @@ import pika.exceptions
 from pydantic import ValidationError
 
 from hutch.amqp import topology_for
-from hutch.models import MAX_SUBMISSION_URLS, JobControl, Model, Spec, Submission
+from hutch.models import JobControl, Model, Spec
 from hutch.services.control.jobs import JobControlError, control_record
-from hutch.services.control.submit import JobNameError, check_job_name
+from hutch.services.control.submit import JobNameError, check_job_name, submissions
 from hutch.services.parser.spec import SpecError, parse_spec
 from hutch.settings import Settings
 from hutch.store import Store, StoreError, sqlite_path
 from hutch.topology import INTAKE_KEY
-from hutch.urls import InvalidURL, check_url
+from hutch.urls import InvalidURL
 
 
 class HutchError(Exception):
@@ -143,26 +143,28 @@ class Client:
     def submit(
         self, job: str, urls: Iterable[str], spec: Spec | dict[str, Any] | None = None, tier_floor: str | None = None
     ) -> int:
-        """Send `urls` as job `job`; how many distinct URLs went. All are checked first, so an
-        invalid one (named by its position) sends nothing. A URL the job already has is
-        recorded once and not fetched again (the storer drops it)."""
+        """Send `urls` as job `job`; how many URLs went (repeats within a message of 1,000 go
+        once). All are checked first, so an invalid one (named by its position) sends
+        nothing. A URL the job already has is recorded once and not fetched again (the
+        storer drops it)."""
         try:
             check_job_name(job)
         except JobNameError as exc:
             raise InvalidInput(str(exc)) from None
-        checked = _spec(spec)
-        distinct: dict[str, None] = {}
-        for n, url in enumerate(urls, 1):
-            try:
-                distinct[check_url(url, self.settings.max_url_bytes).url] = None
-            except InvalidURL as exc:
-                raise InvalidInput(f"URL {n}: {exc}") from None
-        found = list(distinct)
-        for start in range(0, len(found), MAX_SUBMISSION_URLS):
-            batch = found[start : start + MAX_SUBMISSION_URLS]
-            submission = Submission(job=job, urls=batch, spec=checked, tier_floor=tier_floor)
+        position = 0
+
+        def numbered() -> Iterator[str]:
+            nonlocal position
+            for position, url in enumerate(urls, 1):  # noqa: B007 (read when a URL is refused)
+                yield url
+
+        try:
+            messages = list(submissions(job, numbered(), _spec(spec), tier_floor, self.settings.max_url_bytes))
+        except InvalidURL as exc:
+            raise InvalidInput(f"URL {position}: {exc}") from None
+        for submission in messages:
             self._publish(self.topology.work, INTAKE_KEY, submission)
-        return len(found)
+        return sum(len(submission.urls) for submission in messages)
 
     def pause(self, job: str) -> None:
         self._control(job, "pause")

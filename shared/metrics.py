@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.process_collector import ProcessCollector
@@ -188,15 +188,11 @@ class Metrics:
         self.registry = CollectorRegistry(auto_describe=True)
         ProcessCollector(registry=self.registry)  # process_resident_memory_bytes, CPU seconds, descriptors
         self.domains = DomainLabels(top_domains, forget=self._forget)
-        self._series: dict[str, set[tuple[Counter | Gauge | Histogram, tuple[str, ...]]]] = {}
-
-    def domain(self, domain: str) -> str:
-        """The label for `domain`: itself while among the busiest, `other` otherwise."""
-        return self.domains(domain)
+        self._series: dict[str, set[tuple[Counter, tuple[str, ...]]]] = {}
 
     def count(self, family: Counter, domain: str, *labels: str, amount: float = 1.0) -> None:
         """Add to a counter whose first label is a domain, keeping its series bounded."""
-        name = self.domain(domain)
+        name = self.domains(domain)
         values = (name, *labels)
         family.labels(*values).inc(amount)
         if name != OTHER:
@@ -262,7 +258,8 @@ class Endpoint:
 
     async def start(self) -> int:
         """Listen; the port bound (the one asked for, or a free one for 0)."""
-        self._server = await asyncio.start_server(self._serve, self.host, self.port)
+        # The reader's limit bounds a request head: a longer one is never buffered whole.
+        self._server = await asyncio.start_server(self._serve, self.host, self.port, limit=MAX_HEAD)
         self.port = self._server.sockets[0].getsockname()[1]
         return self.port
 
@@ -278,8 +275,6 @@ class Endpoint:
             try:
                 head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HEAD_TIMEOUT)
             except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError, ConnectionError):
-                return
-            if len(head) > MAX_HEAD:
                 return
             method, _, rest = head.split(b"\r\n", 1)[0].decode("latin-1").partition(" ")
             path = rest.partition(" ")[0].partition("?")[0]

@@ -85,6 +85,7 @@ def new_trace_id() -> str:
 
 
 TRACE_ID = r"^[0-9a-f]{32}$"
+SPAN_ID = r"^[0-9a-f]{16}$"
 
 
 def task_id(job: str, url: str) -> str:
@@ -137,7 +138,7 @@ class Attempt(Model):
     spent: bool = True
     detail: str | None = None
     # The attempt's fetch span (with tracing on): the next attempt's span links to it.
-    span_id: str | None = Field(None, pattern=r"^[0-9a-f]{16}$")
+    span_id: str | None = Field(None, pattern=SPAN_ID)
 
 
 class FieldRule(Model):
@@ -313,7 +314,7 @@ class Event(Model):
     delay: float | None = None
     incarnation: int = 0  # of the task copy this event is about
     trace_id: str | None = Field(None, pattern=TRACE_ID)  # the task's (`outcome`)
-    span_id: str | None = Field(None, pattern=r"^[0-9a-f]{16}$")  # the attempt's fetch span, when traced
+    span_id: str | None = Field(None, pattern=SPAN_ID)  # the attempt's fetch span, when traced
     # `outcome`: the task as the fetcher routed it next (without its permit), so the store
     # keeps each task's latest message and the reconciler can rebuild a lost one.
     task: Task | None = None

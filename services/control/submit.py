@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -108,12 +108,33 @@ def valid_urls(path: Path, max_url_bytes: int = DEFAULT_MAX_URL_BYTES) -> Iterat
 
 @dataclass
 class Sent:
-    """What `send` put on the intake queue: distinct URLs in how many messages."""
+    """What `send` put on the intake queue: URLs (distinct within each message) in how many messages."""
 
     job: str
     lines: int
     urls: int
     messages: int
+
+
+def submissions(
+    job: str,
+    urls: Iterable[str],
+    spec: Spec | None,
+    tier_floor: str | None = None,
+    max_url_bytes: int = DEFAULT_MAX_URL_BYTES,
+) -> Iterator[Submission]:
+    """`urls` as intake messages of up to `MAX_SUBMISSION_URLS` URLs, each URL checked (an
+    invalid one raises InvalidURL) and normalised. A URL repeated within a message goes once;
+    repeats across messages are the storer's to drop (a task id per job and URL), so memory
+    stays one message's whatever the file's length."""
+    batch: dict[str, None] = {}
+    for text in urls:
+        batch[check_url(text, max_url_bytes).url] = None
+        if len(batch) >= MAX_SUBMISSION_URLS:
+            yield Submission(job=job, urls=list(batch), spec=spec, tier_floor=tier_floor)
+            batch.clear()
+    if batch:
+        yield Submission(job=job, urls=list(batch), spec=spec, tier_floor=tier_floor)
 
 
 async def send(
@@ -124,34 +145,21 @@ async def send(
     tier_floor: str | None = None,
     max_url_bytes: int = DEFAULT_MAX_URL_BYTES,
 ) -> Sent:
-    """Submit `urls` as job `job` through the broker alone: submissions of up to
-    `MAX_SUBMISSION_URLS` URLs on the intake queue, each confirmed before the next batch is
-    read. The storer records them and publishes their tasks (`Submission`); a URL it already
-    has for the job is not published again. URLs repeated in `urls` go once."""
+    """Submit `urls` as job `job` through the broker alone: `submissions` on the intake queue,
+    each confirmed before the next is made. The storer records them and publishes their
+    tasks; a URL it already has for the job is not published again."""
     check_job_name(job)
     sent = Sent(job, 0, 0, 0)
-    seen: set[str] = set()
-    batch: list[str] = []
 
-    async def flush() -> None:
-        await broker.publish(
-            broker.topology.work, INTAKE_KEY, Submission(job=job, urls=batch, spec=spec, tier_floor=tier_floor)
-        )
-        sent.urls += len(batch)
+    def counted() -> Iterator[str]:
+        for text in urls:
+            sent.lines += 1
+            yield text
+
+    for submission in submissions(job, counted(), spec, tier_floor, max_url_bytes):
+        await broker.publish(broker.topology.work, INTAKE_KEY, submission)
+        sent.urls += len(submission.urls)
         sent.messages += 1
-        batch.clear()
-
-    for text in urls:
-        sent.lines += 1
-        url = check_url(text, max_url_bytes).url
-        if url in seen:
-            continue
-        seen.add(url)
-        batch.append(url)
-        if len(batch) >= MAX_SUBMISSION_URLS:
-            await flush()
-    if batch:
-        await flush()
     return sent
 
 

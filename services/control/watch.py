@@ -314,7 +314,7 @@ class Reader:
             async with self.client.stream("GET", url) as response:
                 if response.status_code != 200:
                     return None
-                body = b""
+                body = bytearray()
                 async for chunk in response.aiter_bytes():
                     body += chunk
                     if len(body) > MAX_METRICS_BYTES:

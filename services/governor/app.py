@@ -815,7 +815,8 @@ class Governor(Service):
     async def _poll_depths(self) -> None:
         """Read every fixed queue's depth for `hutch_queue_depth`, the frontier's shards as one."""
         topology = self.broker.topology
-        fixed = [topology.fetch_ready, topology.parse, topology.store, topology.dlq, topology.ledger,
+        # fetch.ready's depth is read four times a second already (`_poll_ready_depth`).
+        fixed = [topology.parse, topology.store, topology.dlq, topology.ledger,
                  topology.paused, topology.unrouted, *(topology.tier_exchange(d) for d in topology.delays)]
         channel = await self.broker.channel()
         while True:
@@ -837,8 +838,10 @@ class Governor(Service):
         """The governor's gauges, read from its state at each scrape."""
         now = time.time()
         label = self.metrics.domains.peek
+        topology = self.broker.topology
+        depths = {topology.fetch_ready.removeprefix(topology.prefix): self.core.ready_depth, **self._depths}
         yield gauge("hutch_queue_depth", "Messages ready in a queue (frontier: all shards)", ["queue"],
-                    (((name,), float(n)) for name, n in self._depths.items()))
+                    (((name,), float(n)) for name, n in depths.items()))
         backlog: dict[str, int] = {}
         oldest: list[tuple[str, float]] = []
         for domain, line in self.lines.items():
@@ -851,7 +854,7 @@ class Governor(Service):
         yield gauge("hutch_domain_backlog", "Tasks waiting for a permit (held and parked), by domain", ["domain"],
                     (((d,), v) for d, v in by_label(((label(d), float(n)) for d, n in backlog.items()),
                                                     lambda a, b: a + b).items()))
-        rates = ((label(row["domain"]), float(row["rate"])) for row in self.core.snapshot())  # type: ignore[arg-type]
+        rates = ((label(domain), self.core.rate_of(domain)) for domain in self.core.queues)
         yield gauge("hutch_domain_rate", "Current fetch rate allowed, requests per second, by domain", ["domain"],
                     (((d,), v) for d, v in by_label(rates, lambda a, b: a + b).items()))
         wanted, in_flight = self.core.demand(backlog)
