@@ -36,6 +36,7 @@ from hutch.models import JobControl, Model, Spec
 from hutch.services.control.jobs import JobControlError, control_record
 from hutch.services.control.submit import JobNameError, check_job_name, submissions
 from hutch.services.parser.spec import SpecError, parse_spec
+from hutch.services.proxy_manager.pool import TIERS
 from hutch.settings import Settings
 from hutch.store import Store, StoreError, sqlite_path
 from hutch.topology import INTAKE_KEY
@@ -151,6 +152,8 @@ class Client:
             check_job_name(job)
         except JobNameError as exc:
             raise InvalidInput(str(exc)) from None
+        if tier_floor is not None and tier_floor not in TIERS:
+            raise InvalidInput(f"tier_floor {tier_floor!r} is none of {', '.join(TIERS)}")
         position = 0
 
         def numbered() -> Iterator[str]:

@@ -207,7 +207,7 @@ class Submission(Model):
     optionally with `spec` (the fields to extract) and `tier_floor`. The storer records the
     tasks, then publishes them to the frontier, with a confirm at each step; a URL already
     recorded for the job is not published again. A submission is taken whole or refused
-    whole: one invalid URL or a bad job name makes it dead (`invalid_submission`), naming it.
+    whole: one invalid URL, a bad job name or an unknown `tier_floor` makes it dead (`invalid_submission`), naming it.
     """
 
     v: Literal[1] = 1

@@ -32,6 +32,7 @@ from hutch.amqp import Dead, Delivery, PublishFailed, Requeue, queue_depth
 from hutch.models import AnyEvent, DeadLetter, Item, JobControl, Rescued, Submission
 from hutch.service import Service
 from hutch.services.control.submit import JobNameError, check_job_name, submit
+from hutch.services.proxy_manager.pool import TIERS
 from hutch.services.storer import reconcile
 from hutch.services.storer.writer import GroupWriter, Write
 from hutch.store import AsyncStore, Silent, Store, StoreUnavailable, is_outage
@@ -123,6 +124,9 @@ class Storer(Service):
             check_job_name(submission.job)
         except JobNameError as exc:
             raise Dead("invalid_submission", f"job name: {exc}") from None
+        if submission.tier_floor is not None and submission.tier_floor not in TIERS:
+            # Unchecked, an unknown tier would be ignored where leases are chosen, silently.
+            raise Dead("invalid_submission", f"tier_floor {submission.tier_floor[:50]!r} is none of {', '.join(TIERS)}")
         for n, url in enumerate(submission.urls, 1):
             try:
                 check_url(url, max_bytes)

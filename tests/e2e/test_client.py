@@ -50,6 +50,8 @@ async def test_controls_go_through_and_bad_input_is_refused_before_anything_is_s
                 hutch.submit("../escape", [f"{base}/page/1"])
             with pytest.raises(InvalidInput, match="invalid spec"):
                 hutch.submit("refused", [f"{base}/page/1"], spec={"fields": {"x": "nope:a"}})
+            with pytest.raises(InvalidInput, match="tier_floor 'gold'"):
+                hutch.submit("refused", [f"{base}/page/1"], tier_floor="gold")
             with pytest.raises(InvalidInput, match="weight"):
                 hutch.weight("refused", 0)
             assert hutch.status("refused").total == 0  # nothing of it went out

@@ -85,18 +85,19 @@ async def test_a_body_that_is_no_submission_or_holds_a_bad_url_is_dead_with_its_
     base = sandbox.sites["delta"].base_url
     bad_url = submission("refused", [f"{base}/page/1", "ftp://example.com/file"])
     bad_job = submission("../escape", [f"{base}/page/2"])
-    await asyncio.to_thread(publish, settings, b"{not json", bad_url, bad_job)
+    bad_tier = submission("refused", [f"{base}/page/3"], tier_floor="residental")
+    await asyncio.to_thread(publish, settings, b"{not json", bad_url, bad_job, bad_tier)
     store = Store(settings.store_location)
     try:
         for _ in range(100):
             dead = store.dead_entries(limit=10)
-            if len(dead) == 3:
+            if len(dead) == 4:
                 break
             await asyncio.sleep(0.1)
         reasons = sorted((d["stage"], d["reason"]) for d in dead)
-        assert reasons == [("intake", "decode"), ("intake", "invalid_submission"), ("intake", "invalid_submission")]
+        assert reasons == [("intake", "decode"), *[("intake", "invalid_submission")] * 3]
         details = " ".join(d["detail"] for d in dead)
-        assert "URL 2 of 2" in details and "job name" in details
+        assert "URL 2 of 2" in details and "job name" in details and "tier_floor 'residental'" in details
         assert store.tasks("refused") == [] and store.counts() == []  # nothing of them recorded
     finally:
         store.close()
