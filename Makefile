@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test unit integration e2e chaos lint broker tools bench bench-speed bench-floor bench-speed-memory bench-governor bench-frontier bench-proxy bench-submit bench-store bench-parse clean help
+.PHONY: demo test unit integration e2e chaos lint broker postgres tools bench bench-speed bench-floor bench-speed-memory bench-governor bench-frontier bench-proxy bench-submit bench-store bench-parse clean help
 
 help:
 	@echo "make demo   - set up, make sure RabbitMQ is reachable, run the sample job against the sandbox"
@@ -28,8 +28,17 @@ broker: $(STAMP)
 demo: broker
 	$(PY) -m hutch.services.control.demo
 
-test: broker tools
+test: broker postgres tools
 	$(PY) -m pytest -q -ra --durations=25
+
+# The PostgreSQL store's tests use the machine's server on 127.0.0.1:5432 (a database of
+# their own, dropped after); started here where it is installed but stopped.
+postgres:
+	@pg_isready -q -h 127.0.0.1 -p 5432 2>/dev/null || \
+	  { command -v pg_ctlcluster >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] && \
+	    pg_ctlcluster --skip-systemctl-redirect $$(ls /etc/postgresql | tail -1) main start && \
+	    for i in 1 2 3 4 5 6 7 8 9 10; do pg_isready -q -h 127.0.0.1 -p 5432 && break; sleep 1; done; } || \
+	  echo "make postgres: no PostgreSQL on 127.0.0.1:5432; its tests are skipped (and fail in CI)"
 
 # Prometheus and promtool (Debian's package) for tests/e2e/test_metrics.py; installed with
 # apt where they are missing and apt can run, else that test is skipped (and says why).
@@ -41,13 +50,13 @@ tools:
 	        DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus >/dev/null; }; } || \
 	  echo "make tools: prometheus not installed; tests/e2e/test_metrics.py will be skipped"; }
 
-unit: $(STAMP)
+unit: $(STAMP) postgres
 	$(PY) -m pytest -q tests/unit
 
-integration: broker
+integration: broker postgres
 	$(PY) -m pytest -q tests/integration
 
-e2e: broker
+e2e: broker postgres
 	$(PY) -m pytest -q tests/e2e
 
 # Part of `make test`; on a RabbitMQ node of their own (tests/brokers.py), not the shared broker.

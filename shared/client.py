@@ -22,7 +22,6 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from types import TracebackType
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -38,7 +37,7 @@ from hutch.services.control.submit import JobNameError, check_job_name, submissi
 from hutch.services.parser.spec import SpecError, parse_spec
 from hutch.services.proxy_manager.pool import TIERS
 from hutch.settings import Settings
-from hutch.store import Store, StoreError, sqlite_path
+from hutch.store import Store, StoreError, store_exists
 from hutch.topology import INTAKE_KEY
 from hutch.urls import InvalidURL
 
@@ -193,7 +192,7 @@ class Client:
     def _store(self) -> Store:
         location = self.settings.store_location
         try:
-            if location.startswith("sqlite:") and not Path(sqlite_path(location)).exists():
+            if not store_exists(location):
                 raise Unavailable(f"no store at {location} on this machine: progress and items are read there")
             return Store(location)
         except StoreError as exc:

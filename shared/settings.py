@@ -110,7 +110,11 @@ class Settings(BaseSettings):
 
     # Store
     data_dir: Path = Field(Path("hutch-data"), description="folder of the embedded SQLite store")
-    store_url: str | None = Field(None, description="store location; default sqlite:///<data_dir>/hutch.sqlite3")
+    store_url: str | None = Field(
+        None,
+        description="store location: sqlite:///PATH or postgresql://USER:PASSWORD@HOST:PORT/DB; "
+        "default sqlite:///<data_dir>/hutch.sqlite3",
+    )
     store_retry_seconds: float = Field(
         30.0, gt=0, description="how long the storer retries a failing store write before requeueing it"
     )

@@ -33,6 +33,7 @@ import contextlib
 import json
 import os
 import sqlite3
+import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -41,6 +42,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from hutch.models import DeadLetter, Event, Item, JobControl, Task
+from hutch.postgres import PgConnection, is_postgres, outage_errors, pg_ddl
+from hutch.settings import redact_url
 
 SCHEMA_VERSION = 5
 STATES = ("new", "queued", "in_flight", "retrying", "stored", "dead")
@@ -165,8 +168,12 @@ def is_outage(exc: BaseException) -> bool:
     SQLite reports a full disk, a lock held too long, a read-only file and I/O errors as
     `OperationalError`, a damaged file as a plain `DatabaseError`. `IntegrityError`,
     `DataError` and the like come from what one message asked for, so they are not outages.
+    PostgreSQL's outages are psycopg's `OperationalError` (a lost connection, a server
+    shutting down, a full disk, a deadlock) and `InterfaceError` (a closed connection).
     """
     if isinstance(exc, (sqlite3.OperationalError, sqlite3.InternalError, OSError, StoreUnavailable)):
+        return True
+    if "psycopg" in sys.modules and isinstance(exc, outage_errors()):
         return True
     return type(exc) is sqlite3.DatabaseError
 
@@ -247,20 +254,59 @@ def sqlite_path(location: str) -> Path:
     return Path(location)
 
 
+def store_exists(location: str) -> bool:
+    """Whether there is a store at `location` to read, without creating one: an SQLite file
+    that exists, or any PostgreSQL URL (whether it answers shows when it is opened)."""
+    if is_postgres(location):
+        return True
+    try:
+        return sqlite_path(location).exists()
+    except StoreError:
+        return False
+
+
+def _greatest(a: Any, b: Any) -> Any:
+    # PostgreSQL's GREATEST, which SQLite lacks: NULLs are ignored.
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return a if a >= b else b
+
+
 class Store:
-    """Blocking access to the store; one instance per thread (see AsyncStore)."""
+    """Blocking access to the store; one instance per thread (see AsyncStore).
+
+    `location` is an SQLite path or `sqlite:///` URL (the embedded default), or a
+    `postgresql://` URL (`hutch.postgres`). The SQL below is written once, in SQLite's
+    dialect with `GREATEST` and `CASE` where the two differ; `PgConnection` translates it.
+    """
 
     def __init__(self, location: str) -> None:
-        self.path = sqlite_path(location)
-        _private_file(self.path)
-        self.db = sqlite3.connect(self.path, timeout=30.0, isolation_level=None)
-        self.db.row_factory = sqlite3.Row
-        self.db.execute("PRAGMA journal_mode=WAL")
-        # FULL: a commit is on disk when it returns, so an item acked after its commit
-        # survives a power cut (NORMAL in WAL mode may lose the last commits).
-        self.db.execute("PRAGMA synchronous=FULL")
-        self.db.execute("PRAGMA busy_timeout=30000")
+        self.location = redact_url(location)
+        self.db: Any
+        if is_postgres(location):
+            try:
+                self.db = PgConnection(location)
+            except outage_errors() as exc:
+                raise StoreError(f"cannot open the store at {self.location}: {exc}") from exc
+            self.path: Path | None = None
+        else:
+            self.path = sqlite_path(location)
+            _private_file(self.path)
+            self.db = sqlite3.connect(self.path, timeout=30.0, isolation_level=None)
+            self.db.row_factory = sqlite3.Row
+            self.db.create_function("GREATEST", 2, _greatest, deterministic=True)
+            self.db.execute("PRAGMA journal_mode=WAL")
+            # FULL: a commit is on disk when it returns, so an item acked after its commit
+            # survives a power cut (NORMAL in WAL mode may lose the last commits).
+            self.db.execute("PRAGMA synchronous=FULL")
+            self.db.execute("PRAGMA busy_timeout=30000")
         self._migrate()
+
+    @property
+    def backend(self) -> str:
+        return "sqlite" if self.path is not None else "postgresql"
 
     def close(self) -> None:
         self.db.close()
@@ -268,23 +314,30 @@ class Store:
     def _migrate(self) -> None:
         """Bring the schema up to SCHEMA_VERSION, one version per transaction.
 
-        The version is read again under the write lock, so processes opening a new store at
-        the same moment migrate it once, not each.
+        The version is read again under the write lock (SQLite's, or an advisory lock in
+        PostgreSQL), so processes opening a new store at the same moment migrate it once.
         """
+        postgres = self.path is None
         while True:
             with self._tx():
-                version = self.db.execute("PRAGMA user_version").fetchone()[0]
+                if postgres:
+                    version = self.db.lock_schema()
+                else:
+                    version = self.db.execute("PRAGMA user_version").fetchone()[0]
                 if version > SCHEMA_VERSION:
                     raise StoreError(
-                        f"store {self.path} has schema version {version}; this Hutch knows up to "
+                        f"store {self.location} has schema version {version}; this Hutch knows up to "
                         f"{SCHEMA_VERSION}: upgrade Hutch"
                     )
                 if version == SCHEMA_VERSION:
                     return
                 for statement in _SCHEMA[version].split(";"):
                     if statement.strip():
-                        self.db.execute(statement)
-                self.db.execute(f"PRAGMA user_version={version + 1}")
+                        self.db.execute(pg_ddl(statement) if postgres else statement)
+                if postgres:
+                    self.db.set_schema(version + 1)
+                else:
+                    self.db.execute(f"PRAGMA user_version={version + 1}")
 
     def _tx(self) -> _Transaction:
         return _Transaction(self.db)
@@ -325,7 +378,7 @@ class Store:
         what the retention setting removes."""
         rows = self.db.execute(
             "SELECT t.job FROM tasks t LEFT JOIN jobs j ON j.name = t.job GROUP BY t.job "
-            "HAVING MAX(t.updated_at) < ? AND (SUM(t.state NOT IN ('stored', 'dead')) = 0 "
+            "HAVING MAX(t.updated_at) < ? AND (COUNT(CASE WHEN t.state NOT IN ('stored', 'dead') THEN 1 END) = 0 "
             "OR MAX(COALESCE(j.state, 'running')) = 'cancelled')",
             (before,),
         )
@@ -371,6 +424,8 @@ class Store:
         """
         now = time.time()
         rows = list(rows)
+        if not rows:
+            return []
         messages = messages or {}
         with self._tx():
             self.db.executemany(
@@ -379,9 +434,11 @@ class Store:
                 [(*row, messages.get(row[0]), now, now) for row in rows],
             )
             ids = [row[0] for row in rows]
-            marks = ",".join("?" * len(ids))
-            found = self.db.execute(f"SELECT id FROM tasks WHERE state = 'new' AND id IN ({marks})", ids).fetchall()
-        waiting = {row[0] for row in found}
+            waiting: set[str] = set()
+            for chunk in _chunks(ids, 500):
+                marks = ",".join("?" * len(chunk))
+                found = self.db.execute(f"SELECT id FROM tasks WHERE state = 'new' AND id IN ({marks})", chunk)
+                waiting.update(row[0] for row in found)
         return [i for i in ids if i in waiting]
 
     def mark_queued(self, ids: Iterable[str]) -> None:
@@ -423,7 +480,7 @@ class Store:
         ).fetchall()
         return [dict(row) for row in rows]
 
-    def unpublished(self, job: str) -> Iterator[sqlite3.Row]:
+    def unpublished(self, job: str) -> Iterator[Any]:
         yield from self.db.execute("SELECT id, url, domain FROM tasks WHERE job = ? AND state = 'new'", (job,))
 
     # -- what the services report ----------------------------------------------------------
@@ -482,7 +539,7 @@ class Store:
         if stale:
             return
         self.db.execute(
-            "UPDATE tasks SET attempts = MAX(attempts, ?), incarnation = MAX(incarnation, ?), "
+            "UPDATE tasks SET attempts = GREATEST(attempts, ?), incarnation = GREATEST(incarnation, ?), "
             "message = COALESCE(?, message) WHERE id = ?",
             (
                 event.attempt,
@@ -508,7 +565,7 @@ class Store:
             f"WHERE id = ? AND state IN ({','.join('?' * len(sources))})",
             (state, time.time(), outcome, task_id, *sources),
         )
-        return cursor.rowcount > 0
+        return bool(cursor.rowcount > 0)
 
     def store_item(self, item: Item) -> None:
         task = item.task
@@ -525,7 +582,7 @@ class Store:
                 "VALUES (?, ?, ?, ?, 'stored', ?, ?, ?) ON CONFLICT (id) DO NOTHING",
                 (task.id, task.job, task.url, task.domain, task.attempts, time.time(), time.time()),
             )
-            self.db.execute("UPDATE tasks SET attempts = MAX(attempts, ?) WHERE id = ?", (task.attempts, task.id))
+            self.db.execute("UPDATE tasks SET attempts = GREATEST(attempts, ?) WHERE id = ?", (task.attempts, task.id))
             self._transition_in_tx(task.id, "stored", "ok")
 
     def record_dead(self, letter: DeadLetter, message_id: str) -> None:
@@ -561,7 +618,7 @@ class Store:
             )
             if task is not None and not stale:
                 self.db.execute(
-                    "UPDATE tasks SET attempts = MAX(attempts, ?) WHERE id = ?",
+                    "UPDATE tasks SET attempts = GREATEST(attempts, ?) WHERE id = ?",
                     (task.attempts, task.id),
                 )
                 self._transition_in_tx(task.id, "dead", letter.reason)
@@ -576,12 +633,12 @@ class Store:
         rows = self.db.execute(
             "SELECT t.id, t.job, t.url, t.domain, t.state, t.attempts, t.incarnation, t.rescues, "
             "t.due_at, t.message, j.spec FROM tasks AS t LEFT JOIN jobs AS j ON j.name = t.job "
-            "WHERE t.due_at IS NOT NULL AND t.due_at < MAX(?, ?) "
+            "WHERE t.due_at IS NOT NULL AND t.due_at < ? "
             "AND ((t.state = 'in_flight' AND t.due_at < ?) OR (t.state = 'retrying' AND t.due_at < ?)) "
             # A paused job's tasks wait aside on purpose; a cancelled one's end as they surface.
             "AND COALESCE(j.state, 'running') = 'running' "
             "ORDER BY t.due_at LIMIT ?",
-            (in_flight_before, retrying_before, in_flight_before, retrying_before, int(limit)),
+            (max(in_flight_before, retrying_before), in_flight_before, retrying_before, int(limit)),
         ).fetchall()
         return [Silent(**dict(row)) for row in rows]
 
@@ -608,7 +665,7 @@ class Store:
                     silent.due_at,
                 ),
             )
-            return cursor.rowcount > 0
+            return bool(cursor.rowcount > 0)
 
     def finish_rescue(self, task: Task, claimed_at: float) -> None:
         """The rescued copy is confirmed in the frontier: the task waits in its backlog.
@@ -651,10 +708,12 @@ class Store:
     def counts(self, job: str | None = None) -> list[JobCounts]:
         query = (
             "SELECT job, COUNT(*) AS total, "
-            "SUM(state = 'stored') AS stored, SUM(state = 'dead') AS dead, "
-            "SUM(state = 'in_flight') AS in_flight, "
-            "SUM(state = 'dead' AND last_outcome = 'stalled') AS stalled, SUM(rescues > 0) AS rescued, "
-            "SUM(state = 'dead' AND last_outcome = 'cancelled') AS cancelled "
+            "COUNT(CASE WHEN state = 'stored' THEN 1 END) AS stored, "
+            "COUNT(CASE WHEN state = 'dead' THEN 1 END) AS dead, "
+            "COUNT(CASE WHEN state = 'in_flight' THEN 1 END) AS in_flight, "
+            "COUNT(CASE WHEN state = 'dead' AND last_outcome = 'stalled' THEN 1 END) AS stalled, "
+            "COUNT(CASE WHEN rescues > 0 THEN 1 END) AS rescued, "
+            "COUNT(CASE WHEN state = 'dead' AND last_outcome = 'cancelled' THEN 1 END) AS cancelled "
             "FROM tasks "
         )
         params: tuple[str, ...] = ()
@@ -818,7 +877,7 @@ class Store:
 class _Transaction:
     """BEGIN IMMEDIATE ... COMMIT, nested uses join the outer transaction."""
 
-    def __init__(self, db: sqlite3.Connection) -> None:
+    def __init__(self, db: Any) -> None:
         self.db = db
         self.outer = False
 
@@ -834,7 +893,7 @@ class _Transaction:
             try:
                 self.db.execute("COMMIT")
                 return
-            except sqlite3.Error:  # a full disk often shows only here
+            except Exception:  # a full disk often shows only here
                 self._rollback()
                 raise
         self._rollback()
@@ -842,7 +901,7 @@ class _Transaction:
     def _rollback(self) -> None:
         # SQLite may have rolled back on its own already (a full disk, an I/O error).
         if self.db.in_transaction:
-            with contextlib.suppress(sqlite3.Error):
+            with contextlib.suppress(Exception):
                 self.db.execute("ROLLBACK")
 
 

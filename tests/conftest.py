@@ -223,3 +223,48 @@ def settings(amqp_url: str, namespace: str, tmp_path: Path, request: pytest.Fixt
 def service_env(settings: Settings, **extra: str) -> dict[str, str]:
     """The environment for service processes run with these settings."""
     return {**settings.to_env(os.environ), **extra}
+
+
+# -- PostgreSQL --------------------------------------------------------------------------------
+
+POSTGRES_ADMIN = os.environ.get("HUTCH_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
+
+
+@pytest.fixture(scope="session")
+def postgres_base() -> Iterator[str]:
+    """A database of this run's own on the machine's PostgreSQL (`HUTCH_TEST_POSTGRES`, an
+    admin URL), dropped after the run. Unreachable: skipped locally, a failure in CI."""
+    import psycopg
+
+    name = f"hutch_test_{os.getpid()}_{uuid.uuid4().hex[:6]}"
+    try:
+        admin = psycopg.connect(POSTGRES_ADMIN, autocommit=True, connect_timeout=5)
+    except psycopg.OperationalError as exc:
+        message = f"no PostgreSQL reachable at {POSTGRES_ADMIN} ({str(exc).strip()})"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    with admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    yield urlunsplit(urlsplit(POSTGRES_ADMIN)._replace(path="/" + name))
+    with psycopg.connect(POSTGRES_ADMIN, autocommit=True) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def postgres_url(postgres_base: str) -> str:
+    """A store URL on a schema of this test's own in the run's database."""
+    import psycopg
+
+    schema = f"s_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(postgres_base, autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {schema}")
+    return f"{postgres_base}?options=-csearch_path%3D{schema}"
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_location(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """The store's location on each backend in turn: an SQLite file, a PostgreSQL schema."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'data' / 'hutch.sqlite3'}"
+    return str(request.getfixturevalue("postgres_url"))

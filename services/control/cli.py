@@ -30,7 +30,7 @@ from hutch import telemetry
 from hutch.amqp import Broker, BrokerUnreachable, PublishFailed, queue_depth
 from hutch.models import DEFAULT_TOP, MAX_PATTERN, MAX_TOP, SORT_KEYS, Spec, StatusRequest
 from hutch.services import SERVICES, service_class
-from hutch.services.control import dlq, timeline, watch
+from hutch.services.control import dlq, storecopy, timeline, watch
 from hutch.services.control.jobs import (
     Action,
     JobControlError,
@@ -59,7 +59,7 @@ from hutch.services.governor.status import DomainReport, domain_report
 from hutch.services.parser.spec import SpecError, load_spec
 from hutch.services.proxy_manager.costs import cost_summary
 from hutch.services.proxy_manager.pool import TIERS, PoolError, load_pool
-from hutch.settings import Settings
+from hutch.settings import Settings, redact_url
 from hutch.store import AsyncStore, JobCounts, Store, StoreError
 
 
@@ -229,7 +229,7 @@ def _export(store_location: str, job: str, out: Path | None) -> int:
     store = Store(store_location)
     try:
         if not store.job_exists(job):
-            raise UserError(f"no job named {job!r} in the store {store_location}")
+            raise UserError(f"no job named {job!r} in the store {redact_url(store_location)}")
         handle = out.open("w", encoding="utf-8") if out else sys.stdout
         count = 0
         try:
@@ -312,7 +312,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     finally:
         store.close()
     if args.job and not rows:
-        raise UserError(f"no job named {args.job!r} in the store {settings.store_location}")
+        raise UserError(f"no job named {args.job!r} in the store {redact_url(settings.store_location)}")
     if args.json:
         by_job: dict[str, list[dict[str, Any]]] = {}
         for cost in costs:
@@ -657,6 +657,14 @@ def cmd_jobs_delete(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_store_copy(args: argparse.Namespace) -> int:
+    try:
+        storecopy.run(_settings(), args.to, force=args.force)
+    except storecopy.CopyRefused as exc:
+        raise UserError(str(exc)) from None
+    return 0
+
+
 def cmd_trace(args: argparse.Namespace) -> int:
     if bool(args.task_id) == bool(args.job and args.url) or bool(args.job) != bool(args.url):
         raise UserError("give a task id, or --job and --url (not both)")
@@ -792,6 +800,14 @@ def build_parser() -> argparse.ArgumentParser:
     d = jobs_sub.add_parser("delete", help="remove a done (or cancelled) job: its tasks, items, attempts, dead letters")
     d.add_argument("job", help="the job's name")
     d.set_defaults(run=cmd_jobs_delete, is_async=False)
+    p = sub.add_parser("store", help="manage the store itself")
+    store_sub = p.add_subparsers(dest="store_command", required=True, metavar="ACTION")
+    c = store_sub.add_parser(
+        "copy", help="copy this store (HUTCH_STORE_URL) into an empty one, e.g. SQLite to PostgreSQL; services stopped"
+    )
+    c.add_argument("--to", required=True, metavar="URL", help="the target store: postgresql://... or sqlite:///...")
+    c.add_argument("--force", action="store_true", help="copy even though a storer seems to be consuming")
+    c.set_defaults(run=cmd_store_copy, is_async=False)
     return parser
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from hutch.admin import delete_namespace
 from hutch.models import FieldRule, Spec
 from hutch.services.control.cli import UserError, run_job, sandbox_package
-from hutch.settings import Settings
+from hutch.settings import Settings, redact_url
 
 SPEC = Spec(
     fields={
@@ -67,7 +67,7 @@ async def demo(data_dir: Path) -> int:
         job = "demo"
         out = folder / "items.jsonl"
         counts = await run_job(settings, urls_file, job, SPEC, fetchers=2, timeout=600, out=out)
-    print(f"store: {settings.store_location}")
+    print(f"store: {redact_url(settings.store_location)}")
     print(f"sandbox access log: {access_log}")
     print("first items:")
     with out.open(encoding="utf-8") as handle:

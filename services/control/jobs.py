@@ -24,7 +24,7 @@ from typing import Literal
 from hutch.amqp import Broker
 from hutch.models import JobControl
 from hutch.services.control.submit import check_job_name
-from hutch.store import Store, sqlite_path
+from hutch.store import Store, store_exists
 
 Action = Literal["pause", "resume", "cancel", "weight"]
 MAX_WEIGHT = 1000.0
@@ -62,11 +62,7 @@ def check_control(job: str, action: Action, known: Known | None) -> None:
 
 def known_job(store_location: str, job: str) -> Known | None:
     """The store's view of `job`; None when there is no store here to ask (none is created)."""
-    try:
-        path = sqlite_path(store_location)
-    except Exception:
-        return None
-    if not path.exists():
+    if not store_exists(store_location):
         return None
     store = Store(store_location)
     try:

@@ -17,7 +17,7 @@ from typing import Any
 
 from hutch.models import task_id
 from hutch.services.control.terminal import json_text, shown
-from hutch.settings import Settings
+from hutch.settings import Settings, redact_url
 from hutch.store import Store
 
 # The service that writes a dead letter of each stage.
@@ -32,26 +32,42 @@ def timeline(found: dict[str, Any]) -> list[dict[str, Any]]:
         {"at": task["created_at"], "service": "control", "outcome": "submitted", "trace_id": trace_id}
     ]
     for a in found["attempts"]:
-        rows.append({
-            "at": a["at"],
-            "service": f"fetcher {a['fetcher']}" if a.get("fetcher") else "fetcher",
-            "attempt": a["n"],
-            "outcome": a["outcome"],
-            "status": a["status"],
-            "proxy_id": a["proxy_id"],
-            "tier": a["tier"],
-            "elapsed": a["elapsed"],
-            "delay": a["delay"],
-            "next": a["next"],
-            "trace_id": a.get("trace_id") or trace_id,
-            "span_id": a.get("span_id"),
-        })
+        rows.append(
+            {
+                "at": a["at"],
+                "service": f"fetcher {a['fetcher']}" if a.get("fetcher") else "fetcher",
+                "attempt": a["n"],
+                "outcome": a["outcome"],
+                "status": a["status"],
+                "proxy_id": a["proxy_id"],
+                "tier": a["tier"],
+                "elapsed": a["elapsed"],
+                "delay": a["delay"],
+                "next": a["next"],
+                "trace_id": a.get("trace_id") or trace_id,
+                "span_id": a.get("span_id"),
+            }
+        )
     if found["item"] is not None:
-        rows.append({"at": found["item"]["stored_at"], "service": "storer", "outcome": "stored",
-                     "status": found["item"]["status"], "trace_id": trace_id})
+        rows.append(
+            {
+                "at": found["item"]["stored_at"],
+                "service": "storer",
+                "outcome": "stored",
+                "status": found["item"]["status"],
+                "trace_id": trace_id,
+            }
+        )
     for d in found["dead"]:
-        rows.append({"at": d["dead_at"], "service": SERVICE_OF_STAGE.get(d["stage"], d["stage"]),
-                     "outcome": f"dead ({d['reason']})", "detail": d["detail"], "trace_id": trace_id})
+        rows.append(
+            {
+                "at": d["dead_at"],
+                "service": SERVICE_OF_STAGE.get(d["stage"], d["stage"]),
+                "outcome": f"dead ({d['reason']})",
+                "detail": d["detail"],
+                "trace_id": trace_id,
+            }
+        )
         if d["replayed_at"] is not None:
             rows.append({"at": d["replayed_at"], "service": "control", "outcome": "replayed", "trace_id": trace_id})
     rows.sort(key=lambda row: row["at"])
@@ -76,18 +92,22 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
     finally:
         store.close()
     if found is None:
-        raise LookupError(f"no task {wanted} in the store at {settings.store_location}")
+        raise LookupError(f"no task {wanted} in the store at {redact_url(settings.store_location)}")
     rows = timeline(found)
     task = found["task"]
     if args.json:
         print(json_text({"task": {k: v for k, v in task.items() if k != "message"}, "timeline": rows}, indent=2))
         return 0
-    print(f"task {shown(task['id'])}  job {shown(task['job'])}  {shown(task['state'])} after "
-          f"{task['attempts']} attempt(s)")
+    print(
+        f"task {shown(task['id'])}  job {shown(task['job'])}  {shown(task['state'])} after "
+        f"{task['attempts']} attempt(s)"
+    )
     print(f"url  {shown(task['url'])}")
     start = rows[0]["at"]
-    print(f"{'time (UTC)':<23} {'+s':>8}  {'service':<24} {'outcome':<22} {'status':>6}  {'proxy':<14} "
-          f"{'delay':>6}  {'next':<8} trace")
+    print(
+        f"{'time (UTC)':<23} {'+s':>8}  {'service':<24} {'outcome':<22} {'status':>6}  {'proxy':<14} "
+        f"{'delay':>6}  {'next':<8} trace"
+    )
     for row in rows:
         when = datetime.datetime.fromtimestamp(row["at"], datetime.UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:23]
         delay = f"{row['delay']:g}" if row.get("delay") is not None else "-"

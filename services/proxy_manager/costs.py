@@ -30,7 +30,13 @@ REQUEST_OUTCOMES: tuple[Outcome, ...] = (
 )
 # Refused before any request went out, even with a proxy leased.
 NO_REQUEST = (
-    "forbidden_target", "invalid_url", "permit_expired", "permit_late", "redelivered", "no_lease", "no_proxy",
+    "forbidden_target",
+    "invalid_url",
+    "permit_expired",
+    "permit_late",
+    "redelivered",
+    "no_lease",
+    "no_proxy",
     "never_sent",
 )
 TIER_ORDER = {"direct": 0, "datacenter": 1, "residential": 2, "mobile": 3}
@@ -46,7 +52,7 @@ def cost_summary(store: Store, job: str | None = None) -> list[dict[str, Any]]:
     skipped = ",".join("?" * len(NO_REQUEST))
     query = (
         "SELECT t.job AS job, t.domain AS domain, COALESCE(a.tier, 'direct') AS tier, "
-        "COUNT(*) AS requests, SUM(a.outcome = 'ok') AS ok, COALESCE(SUM(a.cost), 0.0) AS cost "
+        "COUNT(*) AS requests, COUNT(CASE WHEN a.outcome = 'ok' THEN 1 END) AS ok, COALESCE(SUM(a.cost), 0.0) AS cost "
         "FROM attempts AS a JOIN tasks AS t ON t.id = a.task_id "
         f"WHERE (a.proxy_id IS NOT NULL OR a.outcome IN ({outcomes})) "
         f"AND COALESCE(a.outcome, '') NOT IN ({skipped}) "

@@ -47,8 +47,21 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
 HERE = Path(__file__).parent
 SANDBOX_CONFIG = HERE / "sandbox-cli.yaml"
 COMMANDS = (
-    "up", "serve", "submit", "status", "pause", "resume", "cancel", "weight", "run", "export", "sandbox", "dlq",
-    "watch", "trace", "jobs",
+    "up",
+    "serve",
+    "submit",
+    "status",
+    "pause",
+    "resume",
+    "cancel",
+    "weight",
+    "run",
+    "export",
+    "sandbox",
+    "dlq",
+    "watch",
+    "trace",
+    "jobs",
 )
 SCRIPT = Path(sys.executable).with_name("hutch")
 # The installed console script; cli.py has no __main__ guard, so without it, call main().

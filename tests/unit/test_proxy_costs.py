@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from hutch.models import Event
@@ -12,8 +10,8 @@ from hutch.store import Store
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> Store:
-    s = Store(f"sqlite:///{tmp_path / 'hutch.sqlite3'}")
+def store(store_location: str) -> Store:
+    s = Store(store_location)
     s.add_tasks(
         [
             ("a1", "shop-job", "http://shop/1", "shop"),

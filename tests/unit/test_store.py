@@ -15,9 +15,7 @@ JOB = "books"
 
 
 def make_task(url: str, job: str = JOB, attempts: int = 0) -> Task:
-    return Task(
-        id=task_id(job, url), job=job, url=url, domain="example.com", attempts=attempts, submitted_at=1.0
-    )
+    return Task(id=task_id(job, url), job=job, url=url, domain="example.com", attempts=attempts, submitted_at=1.0)
 
 
 def row(task: Task) -> tuple[str, str, str, str]:
@@ -51,8 +49,8 @@ def letter(task: Task | None, reason: str = "not_found", detail: str = "HTTP 404
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> Iterator[Store]:
-    s = Store(f"sqlite:///{tmp_path / 'data' / 'hutch.sqlite3'}")
+def store(store_location: str) -> Iterator[Store]:
+    s = Store(store_location)
     yield s
     s.close()
 
@@ -148,9 +146,7 @@ def test_add_tasks_with_nothing_returns_nothing(store: Store) -> None:
     assert store.add_tasks([]) == []
 
 
-def test_a_resubmit_returns_only_tasks_still_new_and_ignores_duplicates(
-    store: Store, a: Task, b: Task
-) -> None:
+def test_a_resubmit_returns_only_tasks_still_new_and_ignores_duplicates(store: Store, a: Task, b: Task) -> None:
     store.add_tasks([row(a), row(b)])
     store.mark_queued([a.id])
     c = make_task("http://example.com/c")
@@ -439,7 +435,7 @@ def test_add_job_twice_updates_its_spec(store: Store) -> None:
     store.add_job(JOB, None)
     assert store.job_exists(JOB)
     assert not store.job_exists("other")
-    assert store.db.execute("SELECT COUNT(*), spec FROM jobs").fetchone()[:] == (1, None)
+    assert [r[0] for r in store.db.execute("SELECT spec FROM jobs")] == [None]
 
 
 def test_unpublished_lists_only_tasks_still_new(store: Store, a: Task, b: Task) -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 from collections.abc import AsyncIterator, Callable
-from pathlib import Path
 
 import pytest
 
@@ -28,8 +27,8 @@ def stored(store: Store) -> int:
 
 
 @pytest.fixture
-async def store(tmp_path: Path) -> AsyncIterator[AsyncStore]:
-    s = await AsyncStore(str(tmp_path / "hutch.sqlite3")).open()
+async def store(store_location: str) -> AsyncIterator[AsyncStore]:
+    s = await AsyncStore(store_location).open()
     yield s
     await s.close()
 
@@ -104,23 +103,43 @@ async def test_a_write_that_fails_on_its_own_gets_its_error_and_the_others_commi
         await writer.close()
 
 
+def break_store(store: Store, outage: str) -> Callable[[], None]:
+    """Make the store fail every write the way `outage` says; return what heals it.
+
+    `full`: SQLite at its page limit; on PostgreSQL, whose disk a test cannot fill, a lock
+    held elsewhere that the store's writes wait for in vain (as SQLite's busy file).
+    `read_only`: SQLite's query_only; PostgreSQL's read-only transactions (a standby's).
+    """
+    if store.backend == "sqlite":
+        if outage == "full":
+            pages = store.db.execute("PRAGMA page_count").fetchone()[0]
+            store.db.execute(f"PRAGMA max_page_count = {pages}")
+            return lambda: store.db.execute("PRAGMA max_page_count = 1073741823")
+        store.db.execute("PRAGMA query_only = 1")
+        return lambda: store.db.execute("PRAGMA query_only = 0")
+    if outage == "full":
+        import psycopg
+
+        locker = psycopg.connect(store.db.url)
+        locker.execute("LOCK TABLE items IN ACCESS EXCLUSIVE MODE")
+        store.db.execute("SET lock_timeout = '50ms'")
+        return locker.close  # closing it rolls its transaction back
+    store.db.execute("SET default_transaction_read_only = on")
+    return lambda: store.db.execute("SET default_transaction_read_only = off")
+
+
 @pytest.mark.parametrize("outage", ["full", "read_only"])
 async def test_a_full_or_read_only_store_is_retried_in_place_until_it_heals_and_nothing_is_lost(
     store: AsyncStore, outage: str
 ) -> None:
     await store.run(lambda s: s.store_item(item(0)))
-    if outage == "full":
-        pages = await store.run(lambda s: s.db.execute("PRAGMA page_count").fetchone()[0])
-        await store.run(lambda s: s.db.execute(f"PRAGMA max_page_count = {pages}"))
-    else:
-        await store.run(lambda s: s.db.execute("PRAGMA query_only = 1"))
+    heal = await store.run(lambda s: break_store(s, outage))
     pauses: list[float] = []
 
     async def heal_after_five(seconds: float) -> None:
         pauses.append(seconds)
         if len(pauses) == 5:
-            heal = "PRAGMA max_page_count = 1073741823" if outage == "full" else "PRAGMA query_only = 0"
-            await store.run(lambda s: s.db.execute(heal))
+            await store.run(lambda s: heal())
 
     writer = writer_for(store, Clock(), sleep=heal_after_five)
     try:
@@ -133,7 +152,7 @@ async def test_a_full_or_read_only_store_is_retried_in_place_until_it_heals_and_
 
 
 async def test_writes_failing_longer_than_the_retry_time_get_store_unavailable(store: AsyncStore) -> None:
-    await store.run(lambda s: s.db.execute("PRAGMA query_only = 1"))
+    heal = await store.run(lambda s: break_store(s, "read_only"))
     clock = Clock()
     writer = writer_for(store, clock, retry_seconds=5.0)
     try:
@@ -141,7 +160,7 @@ async def test_writes_failing_longer_than_the_retry_time_get_store_unavailable(s
         assert all(isinstance(r, StoreUnavailable) for r in results)
         assert 5.0 <= clock.now < 10.0
         # The writer still serves writes once the store heals.
-        await store.run(lambda s: s.db.execute("PRAGMA query_only = 0"))
+        await store.run(lambda s: heal())
         await writer.write(write_item(item(7)))
         assert await store.run(stored) == 1
     finally:
@@ -155,3 +174,17 @@ def test_store_errors_are_outages_and_a_messages_own_errors_are_not() -> None:
     assert is_outage(OSError(28, "No space left on device"))
     assert not is_outage(sqlite3.IntegrityError("UNIQUE constraint failed"))
     assert not is_outage(ValueError("bad"))
+
+
+def test_postgresql_errors_are_outages_only_where_no_message_causes_them() -> None:
+    import psycopg
+    from psycopg import errors
+
+    assert is_outage(psycopg.OperationalError("server closed the connection unexpectedly"))
+    assert is_outage(errors.AdminShutdown("terminating connection due to administrator command"))
+    assert is_outage(errors.DiskFull("could not extend file"))
+    assert is_outage(errors.LockNotAvailable("canceling statement due to lock timeout"))
+    assert is_outage(errors.ReadOnlySqlTransaction("cannot execute INSERT in a read-only transaction"))
+    assert is_outage(psycopg.InterfaceError("the connection is closed"))
+    assert not is_outage(errors.UniqueViolation("duplicate key value"))
+    assert not is_outage(errors.StringDataRightTruncation("value too long"))

@@ -14,8 +14,8 @@ from hutch.store import _SCHEMA, SCHEMA_VERSION, Store
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> Iterator[Store]:
-    store = Store(str(tmp_path / "s.sqlite3"))
+def store(store_location: str) -> Iterator[Store]:
+    store = Store(store_location)
     yield store
     store.close()
 

@@ -20,7 +20,12 @@ JOB = "books"
 def make_task(url: str = "http://example.com/a", incarnation: int = 0) -> Task:
     # The trace id pinned as the id is: every copy of one task is in one trace.
     return Task(
-        id=task_id(JOB, url), job=JOB, url=url, domain="example.com", submitted_at=1.0, incarnation=incarnation,
+        id=task_id(JOB, url),
+        job=JOB,
+        url=url,
+        domain="example.com",
+        submitted_at=1.0,
+        incarnation=incarnation,
         trace_id=task_id(JOB, url),
     )
 
@@ -42,8 +47,8 @@ def outcome(task: Task, next_step: str, at: float = 110.0, delay: float | None =
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> Iterator[Store]:
-    s = Store(str(tmp_path / "data" / "hutch.sqlite3"))
+def store(store_location: str) -> Iterator[Store]:
+    s = Store(store_location)
     yield s
     s.close()
 
@@ -231,7 +236,10 @@ def test_a_version_2_store_gains_the_reconciler_columns_and_keeps_its_tasks(tmp_
 
 
 def test_the_store_is_durable_at_commit(store: Store) -> None:
-    assert store.db.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+    if store.backend == "sqlite":
+        assert store.db.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+    else:
+        assert store.db.execute("SHOW synchronous_commit").fetchone()[0] == "on"
 
 
 def test_store_files_are_created_0600_in_a_0700_folder_whatever_the_umask(tmp_path: Path) -> None:
