@@ -12,12 +12,16 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from hutch.service import Service
 
+# The pipeline: what `hutch up` runs and every job needs.
 SERVICES: tuple[str, ...] = ("governor", "fetcher", "proxy-manager", "parser", "storer")
+# Served beside the pipeline where wanted (`hutch serve api`, `hutch up --api`): no job needs it.
+EXTRAS: tuple[str, ...] = ("api",)
+ALL: tuple[str, ...] = SERVICES + EXTRAS
 
 
 def module_of(name: str) -> str:
-    if name not in SERVICES:
-        raise KeyError(f"unknown service {name!r}; the services are: {', '.join(SERVICES)}")
+    if name not in ALL:
+        raise KeyError(f"unknown service {name!r}; the services are: {', '.join(ALL)}")
     return f"hutch.services.{name.replace('-', '_')}"
 
 

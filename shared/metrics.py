@@ -55,6 +55,7 @@ SERIES = (
     "hutch_proxies",
     "hutch_proxy_bans",
     "hutch_items_stored_total",
+    "hutch_api_requests_total",
     "hutch_pages_parsed_total",
     "hutch_parse_duration_seconds",
     "hutch_fetch_slots_wanted",
@@ -205,6 +206,14 @@ class Metrics:
         )
     )
     stored = _Family(lambda: Counter("hutch_items_stored", "Items written to the store", registry=None))
+    api_requests = _Family(
+        lambda: Counter(
+            "hutch_api_requests",
+            "API requests, by route (its template), method and status",
+            ["route", "method", "status"],
+            registry=None,
+        )
+    )
     parsed = _Family(
         lambda: Counter(
             "hutch_pages_parsed",

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -131,6 +131,12 @@ class PgConnection:
         cursor = self._live().cursor()
         cursor.executemany(translate(sql), rows)
         return cursor
+
+    def stream(self, sql: str, params: Sequence[Any] = ()) -> Iterator[Row]:
+        """Rows one at a time as the server sends them (a plain `execute` loads them all):
+        for reads of any length, such as a job's items. Nothing else may run on the
+        connection until the stream is read to its end or closed."""
+        return self._live().cursor().stream(translate(sql), params)
 
     def close(self) -> None:
         self._conn.close()

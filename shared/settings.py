@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from hutch.targets import allowed_table, resolve_table, split_entries
@@ -63,6 +63,15 @@ class Settings(BaseSettings):
     )
     dlq_max_length: int = Field(
         100_000, ge=1, description="dead letters kept in the `dlq` queue (oldest dropped; the ledger is the record)"
+    )
+    # The API service (`hutch serve api`) and the CLI or client that go through it.
+    api_host: str = Field("127.0.0.1", description="address the API listens on; any but loopback needs HUTCH_API_TOKEN")
+    api_port: int = Field(8080, ge=0, le=65535, description="the API's port (it serves its /metrics there too)")
+    api_token: SecretStr | None = Field(
+        None, description="bearer token the API requires (and the CLI and client send); never logged"
+    )
+    api_url: str | None = Field(
+        None, description="with it set, the CLI's job commands go through this API (no store or broker needed)"
     )
     # Metrics: each service serves /metrics, /healthz and /readyz on a port of its own
     # (0: any free port, logged at start).
@@ -389,6 +398,8 @@ def env_text(value: object) -> str | None:
     """A setting's value as its environment variable holds it (None: left unset)."""
     if value is None:
         return None
+    if isinstance(value, SecretStr):
+        return value.get_secret_value()
     if isinstance(value, (tuple, list)):
         return ",".join(str(v) for v in value)
     return str(value)

@@ -759,9 +759,15 @@ class Store:
         )
         return [(str(row[0]), int(row[1]), float(row[2])) for row in rows]
 
+    def _stream(self, sql: str, params: tuple[Any, ...]) -> Iterator[Any]:
+        """Rows of a read of any length, in constant memory on either backend."""
+        if self.path is None:
+            return iter(self.db.stream(sql, params))
+        return iter(self.db.execute(sql, params))
+
     def items(self, job: str) -> Iterator[dict[str, Any]]:
-        """A job's items; `url` is always the URL submitted (after redirects too)."""
-        for row in self.db.execute("SELECT url, fields FROM items WHERE job = ? ORDER BY url", (job,)):
+        """A job's items, streamed; `url` is always the URL submitted (after redirects too)."""
+        for row in self._stream("SELECT url, fields FROM items WHERE job = ? ORDER BY url", (job,)):
             fields = json.loads(row["fields"])
             yield {"url": row["url"], **{k: v for k, v in fields.items() if k != "url"}}
 

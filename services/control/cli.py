@@ -29,7 +29,7 @@ from pydantic import ValidationError
 from hutch import telemetry
 from hutch.amqp import Broker, BrokerUnreachable, PublishFailed, queue_depth
 from hutch.models import DEFAULT_TOP, MAX_PATTERN, MAX_TOP, SORT_KEYS, Spec, StatusRequest
-from hutch.services import SERVICES, service_class
+from hutch.services import ALL, SERVICES, service_class
 from hutch.services.control import dlq, storecopy, timeline, watch
 from hutch.services.control.jobs import (
     Action,
@@ -713,7 +713,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(run=cmd_up, is_async=True)
 
     p = sub.add_parser("serve", help="run one service (what a container runs)")
-    p.add_argument("name", choices=SERVICES, help="the service")
+    p.add_argument("name", choices=ALL, help="the service")
     p.set_defaults(run=cmd_serve, is_async=False)
 
     def job_args(p: argparse.ArgumentParser) -> None:

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import sys
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from hutch.amqp import Broker
@@ -78,39 +80,64 @@ def cmd_show(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+StoreCall = Callable[[Callable[[Store], Any]], Awaitable[Any]]
+
+
+async def replay_with(
+    broker: Broker, call: StoreCall, filters: dict[str, Any], reset_attempts: bool
+) -> tuple[int, int]:
+    """Republish matching dead letters on `broker`, the store reached through `call` (an
+    `AsyncStore.run`, or a plain call in the CLI); returns (replayed, skipped as not
+    replayable). Each batch is marked replayed once the broker confirmed all of it."""
+    replayed = skipped = 0
+    entries = await call(lambda s: s.dead_entries(**filters))
+    topology = broker.topology
+    for start in range(0, len(entries), BATCH):
+        chunk = [entry["id"] for entry in entries[start : start + BATCH]]
+        letters = await call(functools.partial(_entries, chunk))
+        sends = []
+        ids = []
+        for full in letters:
+            assert full is not None
+            letter = DeadLetter.model_validate_json(full["letter"])
+            if letter.page is not None:
+                sends.append(broker.publish(topology.work, PARSE_KEY, letter.page))
+            elif letter.task is not None:
+                task = letter.task.model_copy(update={"permit": None})
+                if reset_attempts:
+                    task = task.model_copy(update={"attempts": 0, "failed_proxies": []})
+                sends.append(broker.publish(topology.frontier, topology.shard_key(task.domain), task))
+            else:
+                skipped += 1
+                continue
+            ids.append(full["id"])
+        await asyncio.gather(*sends)
+        await call(functools.partial(_mark_replayed, ids))
+        replayed += len(ids)
+    return replayed, skipped
+
+
+def _entries(ids: list[int], store: Store) -> list[dict[str, Any] | None]:
+    return [store.dead_entry(i) for i in ids]
+
+
+def _mark_replayed(ids: list[int], store: Store) -> None:
+    store.mark_replayed(ids)
+
+
 async def replay(settings: Settings, filters: dict[str, Any], reset_attempts: bool) -> tuple[int, int]:
     """Republish matching dead letters; returns (replayed, skipped as not replayable)."""
     store = _open(settings)
     broker = await Broker(settings, "control").connect()
-    replayed = skipped = 0
+
+    async def call(fn: Callable[[Store], Any]) -> Any:
+        return fn(store)
+
     try:
-        entries = store.dead_entries(**filters)
-        for start in range(0, len(entries), BATCH):
-            sends = []
-            ids = []
-            for entry in entries[start : start + BATCH]:
-                full = store.dead_entry(entry["id"])
-                assert full is not None
-                letter = DeadLetter.model_validate_json(full["letter"])
-                topology = broker.topology
-                if letter.page is not None:
-                    sends.append(broker.publish(topology.work, PARSE_KEY, letter.page))
-                elif letter.task is not None:
-                    task = letter.task.model_copy(update={"permit": None})
-                    if reset_attempts:
-                        task = task.model_copy(update={"attempts": 0, "failed_proxies": []})
-                    sends.append(broker.publish(topology.frontier, topology.shard_key(task.domain), task))
-                else:
-                    skipped += 1
-                    continue
-                ids.append(entry["id"])
-            await asyncio.gather(*sends)
-            store.mark_replayed(ids)
-            replayed += len(ids)
+        return await replay_with(broker, call, filters, reset_attempts)
     finally:
         await broker.close()
         store.close()
-    return replayed, skipped
 
 
 def cmd_replay(settings: Settings, args: argparse.Namespace) -> int:

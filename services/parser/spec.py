@@ -119,14 +119,19 @@ def load_spec(path: str | Path) -> Spec:
             raw = file.read(MAX_SPEC_BYTES + 1)
     except OSError as exc:
         raise SpecError(f"cannot read spec {path}: {exc.strerror}") from None
+    return spec_from_bytes(raw, str(path))
+
+
+def spec_from_bytes(raw: bytes, source: str) -> Spec:
+    """A spec file's bytes (YAML, or JSON, which is YAML) as a Spec; `source` names it in errors."""
     if len(raw) > MAX_SPEC_BYTES:
-        raise SpecError(f"{path}: larger than {MAX_SPEC_BYTES // 1024} KiB; a spec is a few lines")
+        raise SpecError(f"{source}: larger than {MAX_SPEC_BYTES // 1024} KiB; a spec is a few lines")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise SpecError(f"{path} is not UTF-8 text: {exc.reason} at byte {exc.start}") from None
+        raise SpecError(f"{source} is not UTF-8 text: {exc.reason} at byte {exc.start}") from None
     try:
         data = yaml.load(text, Loader=_SpecLoader)  # a SafeLoader without aliases
     except yaml.YAMLError as exc:
-        raise SpecError(f"{path}: not valid YAML: {_one_line(str(exc))}") from None
-    return parse_spec(data, str(path))
+        raise SpecError(f"{source}: not valid YAML: {_one_line(str(exc))}") from None
+    return parse_spec(data, source)

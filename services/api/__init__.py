@@ -1,0 +1,1 @@
+"""The API service: jobs, job controls, dead letters, domains and traces over HTTP."""

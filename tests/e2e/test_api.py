@@ -1,0 +1,202 @@
+"""The API service (`hutch serve api`) in front of the five services, on the sandbox: bearer
+auth, a bad submission refused whole with the field named, jobs inline and streamed, items as
+JSON lines, controls, dead letters, traces, deletes, and the generated OpenAPI document."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+from hutch_sandbox import Sandbox
+
+from hutch.models import task_id
+from hutch.services.control.supervisor import Supervisor
+from hutch.settings import Settings
+
+from ..conftest import service_env
+from .conftest import Services, free_port
+
+TOKEN = "t0ken-for-tests-only"
+SPEC = {"fields": {"title": "css:h1::text"}}
+
+
+@pytest.fixture
+async def api(settings: Settings, services: Services) -> AsyncIterator[httpx.AsyncClient]:
+    """The API as its own process beside the services; a client that sends the token."""
+    port = free_port()
+    env = service_env(settings, HUTCH_API_PORT=str(port), HUTCH_API_TOKEN=TOKEN)
+    supervisor = Supervisor(env, fetchers=0, services=("api",), grace=settings.shutdown_grace)
+    await supervisor.start()
+    try:
+        await supervisor.wait_ready(timeout=60)
+        async with httpx.AsyncClient(
+            base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30
+        ) as client:
+            yield client
+    finally:
+        await supervisor.stop()
+
+
+async def wait_finished(api: httpx.AsyncClient, job: str, timeout: float = 120.0) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        answer = await api.get(f"/jobs/{job}")
+        if answer.status_code == 200 and answer.json()["finished"]:
+            return dict(answer.json())
+        await asyncio.sleep(0.3)
+    raise AssertionError(f"job {job} not finished after {timeout:.0f}s: {answer.text}")
+
+
+async def test_without_the_token_every_job_route_is_401_and_probes_and_the_document_stay_open(
+    api: httpx.AsyncClient,
+) -> None:
+    async with httpx.AsyncClient(base_url=str(api.base_url)) as anonymous:
+        for method, path in (("GET", "/jobs"), ("POST", "/jobs"), ("GET", "/dead"), ("DELETE", "/jobs/x")):
+            answer = await anonymous.request(method, path)
+            assert answer.status_code == 401, (method, path, answer.text)
+            assert "bearer token" in answer.json()["error"]
+        wrong = await anonymous.get("/jobs", headers={"Authorization": "Bearer nope"})
+        assert wrong.status_code == 401
+        assert (await anonymous.get("/healthz")).status_code == 200
+        assert (await anonymous.get("/readyz")).text == "ready\n"
+        assert (await anonymous.get("/openapi.json")).status_code == 200
+        assert "hutch_api_requests_total" in (await anonymous.get("/metrics")).text
+    assert (await api.get("/jobs")).status_code == 200
+
+
+async def test_a_bad_submission_is_refused_whole_naming_the_field(api: httpx.AsyncClient, sandbox: Sandbox) -> None:
+    good = sandbox.urls()[:3]
+    cases = [
+        ({"job": "bad", "urls": [*good[:2], "ftp://example.test/x", good[2]]}, "urls[2]"),
+        ({"job": "bad", "urls": good, "spec": {"fields": {"t": "nonsense:x"}}}, "spec"),
+        ({"job": "../etc", "urls": good}, "job"),
+        ({"job": "bad", "urls": good, "tier_floor": "platinum"}, "tier_floor"),
+        ({"job": "bad", "urls": []}, "urls"),
+        ({"job": "bad", "urls": good, "surprise": 1}, "surprise"),
+    ]
+    for body, field in cases:
+        answer = await api.post("/jobs", json=body)
+        assert answer.status_code == 400, (body, answer.text)
+        assert answer.json()["field"] == field, answer.json()
+        assert field.split("[")[0] in answer.json()["error"]
+    await asyncio.sleep(1.0)  # had anything gone out, the storer would have recorded it by now
+    assert (await api.get("/jobs/bad")).status_code == 404
+
+
+async def test_a_job_submitted_inline_completes_and_its_items_stream_as_json_lines(
+    api: httpx.AsyncClient, sandbox: Sandbox
+) -> None:
+    urls = sandbox.urls()[:40]
+    missing = sandbox.sites["alpha"].base_url + "/status/404"
+    answer = await api.post("/jobs", json={"job": "inline", "urls": [*urls, *urls[:5], missing], "spec": SPEC})
+    assert answer.status_code == 202, answer.text
+    assert answer.json() == {"job": "inline", "urls": 41, "messages": 1}
+    status = await wait_finished(api, "inline")
+    assert status["total"] == 41 and status["stored"] + status["dead"] == 41 and status["dead"] >= 1
+
+    async with api.stream("GET", "/jobs/inline/items") as streamed:
+        assert streamed.headers["content-type"].startswith("application/x-ndjson")
+        lines = [json.loads(line) async for line in streamed.aiter_lines() if line]
+    assert len(lines) == status["stored"]
+    assert {item["url"] for item in lines} <= set(urls)
+    assert all(item["title"] for item in lines)
+
+    dead = (await api.get("/dead", params={"job": "inline"})).json()
+    [entry] = [e for e in dead["entries"] if e["url"] == missing]
+    assert entry["reason"] == "not_found"
+    whole = (await api.get(f"/dead/{entry['id']}")).json()
+    assert whole["letter"]["task"]["url"] == missing
+    trace = (await api.get("/trace", params={"job": "inline", "url": missing})).json()
+    assert trace["task"]["state"] == "dead" and trace["timeline"][-1]["outcome"] == "not_found"
+    by_id = await api.get(f"/tasks/{task_id('inline', urls[0])}/trace")
+    assert by_id.status_code == 200 and by_id.json()["task"]["url"] == urls[0]
+    replayed = await api.post("/dead/replay", json={"job": "inline", "reason": "not_found"})
+    assert replayed.json() == {"replayed": 1, "skipped": 0}
+    for _ in range(200):  # replayed, it is fetched again and dies again: a new letter
+        if len((await api.get("/dead", params={"job": "inline"})).json()["entries"]) == 1:
+            break
+        await asyncio.sleep(0.1)
+    [again] = (await api.get("/dead", params={"job": "inline"})).json()["entries"]
+    assert again["id"] != entry["id"] and again["url"] == missing
+    assert (await api.post("/dead/purge", json={})).json()["field"] == "all"
+    assert (await api.post("/dead/purge", json={"job": "inline", "reason": "not_found"})).json() == {"purged": 1}
+
+    gone = await api.delete("/jobs/inline")
+    assert gone.status_code == 200 and gone.json()["tasks"] == 41
+    assert (await api.get("/jobs/inline")).status_code == 404
+    assert (await api.get("/jobs/inline/items")).status_code == 404
+
+
+async def test_a_url_file_streamed_in_is_checked_whole_then_runs_and_controls_apply(
+    api: httpx.AsyncClient, sandbox: Sandbox
+) -> None:
+    urls = sandbox.urls()[:30]
+    text = "# a comment\n" + "\n".join(urls) + "\n"
+    broken = text + "http://exa mple.test/\n"
+    refused = await api.post("/jobs/file/urls", files={"urls": ("urls.txt", broken.encode())}, data={"spec": "x: ["})
+    assert refused.status_code == 400 and refused.json()["field"] == "spec"
+    refused = await api.post("/jobs/file/urls", files={"urls": ("urls.txt", broken.encode())})
+    assert refused.status_code == 400 and refused.json()["field"] == "urls"
+    assert "line 32" in refused.json()["error"]
+
+    paused = await api.post("/jobs/file/pause")
+    assert paused.status_code == 404  # not submitted yet: a typo pauses nothing silently
+    answer = await api.post(
+        "/jobs/file/urls",
+        files={"urls": ("urls.txt", text.encode())},
+        data={"spec": "fields:\n  title: 'css:h1::text'\n"},
+    )
+    assert answer.status_code == 202 and answer.json()["urls"] == 30
+    for _ in range(300):  # until the storer recorded the job (at most 30 s)
+        if (await api.get("/jobs/file")).status_code == 200:
+            break
+        await asyncio.sleep(0.1)
+    weighted = await api.put("/jobs/file/weight", json={"weight": 2})
+    assert weighted.status_code == 200 and weighted.json()["weight"] == 2
+    assert (await api.put("/jobs/file/weight", json={"weight": -1})).json()["field"] == "weight"
+    status = await wait_finished(api, "file")
+    assert status["stored"] + status["dead"] == 30
+    cancelled = await api.post("/jobs/file/cancel")
+    assert cancelled.status_code == 200 and cancelled.json()["state"] == "cancelled"
+    again = await api.post("/jobs/file/resume")
+    assert again.status_code == 409 and "cancelled" in again.json()["error"]
+    domains = (await api.get("/domains", params={"top": 5})).json()
+    assert domains["governors"] >= 1 and domains["domains"]
+
+
+async def test_the_generated_openapi_document_is_valid_and_documents_every_route_and_the_bearer_scheme(
+    api: httpx.AsyncClient,
+) -> None:
+    from openapi_spec_validator import validate
+
+    document = (await api.get("/openapi.json")).json()
+    validate(document)
+    paths = document["paths"]
+    assert {"/jobs", "/jobs/{job}", "/jobs/{job}/urls", "/jobs/{job}/items", "/jobs/{job}/pause"} <= set(paths)
+    assert {"/dead", "/dead/{entry_id}", "/dead/replay", "/dead/purge", "/domains", "/tasks/{task_id}/trace"} <= set(
+        paths
+    )
+    assert set(paths["/jobs/{job}"]) == {"get", "delete"}
+    assert document["components"]["securitySchemes"]["HTTPBearer"]["scheme"] == "bearer"
+    submission = document["components"]["schemas"]["JobSubmission"]
+    assert set(submission["required"]) == {"job", "urls"}
+    assert "/metrics" not in paths and "/healthz" not in paths
+
+
+def test_the_api_refuses_to_listen_beyond_loopback_without_a_token(settings: Settings) -> None:
+    env = service_env(settings, HUTCH_API_HOST="0.0.0.0", HUTCH_API_PORT=str(free_port()))
+    env.pop("HUTCH_API_TOKEN", None)
+    done = subprocess.run(
+        [sys.executable, "-m", "hutch.services.api"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode != 0
+    assert "refusing to listen on 0.0.0.0 without HUTCH_API_TOKEN" in done.stderr
+    assert os.environ.get("HUTCH_API_TOKEN") is None or TOKEN not in done.stderr
