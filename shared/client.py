@@ -11,7 +11,10 @@
 It needs no event loop: it speaks to the broker with pika's blocking connection, the way any
 producer may (submissions on the intake queue, job controls on the `jobs` stream, each with a
 publisher confirm), and reads progress and items from the store where it can be opened (the
-machine of the storer, for the embedded SQLite store). The checks and errors are the CLI's:
+machine of the storer, for the embedded SQLite store). With `HUTCH_API_URL` set it goes
+through the API instead (`hutch.remote`, over HTTP with `HUTCH_API_TOKEN`) and needs neither
+the broker nor the store; the URLs are checked here first all the same, then streamed as one
+file, so a job is accepted whole or refused whole. The checks and errors are the CLI's:
 an invalid job name, URL or spec raises `InvalidInput` before anything is sent, naming it;
 a broker that cannot be reached or refuses a message raises `Unavailable`; a wait that runs
 out raises `TimedOut`, with the job's progress at that moment.
@@ -19,11 +22,13 @@ out raises `TimedOut`, with the job's progress at that moment.
 
 from __future__ import annotations
 
+import json
+import tempfile
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 import pika
@@ -31,15 +36,18 @@ import pika.exceptions
 from pydantic import ValidationError
 
 from hutch.amqp import topology_for
-from hutch.models import JobControl, Model, Spec
+from hutch.models import JobControl, Model, Spec, Submission
+from hutch.remote import Remote, RemoteError, RemoteRefused
 from hutch.services.control.jobs import JobControlError, control_record
 from hutch.services.control.submit import JobNameError, check_job_name, submissions
-from hutch.services.parser.spec import SpecError, parse_spec
+from hutch.services.parser.spec import SpecError, parse_spec, spec_document
 from hutch.services.proxy_manager.pool import TIERS
 from hutch.settings import Settings
 from hutch.store import Store, StoreError, store_exists
 from hutch.topology import INTAKE_KEY
 from hutch.urls import InvalidURL
+
+T = TypeVar("T")
 
 
 class HutchError(Exception):
@@ -160,13 +168,38 @@ class Client:
             for position, url in enumerate(urls, 1):  # noqa: B007 (read when a URL is refused)
                 yield url
 
+        checked = _spec(spec)
         try:
-            messages = list(submissions(job, numbered(), _spec(spec), tier_floor, self.settings.max_url_bytes))
+            messages = list(submissions(job, numbered(), checked, tier_floor, self.settings.max_url_bytes))
         except InvalidURL as exc:
             raise InvalidInput(f"URL {position}: {exc}") from None
+        if self.settings.api_url:
+            return self._submit_by_api(job, messages, checked, tier_floor)
         for submission in messages:
             self._publish(self.topology.work, INTAKE_KEY, submission)
         return sum(len(submission.urls) for submission in messages)
+
+    def _submit_by_api(self, job: str, messages: list[Submission], spec: Spec | None, tier_floor: str | None) -> int:
+        """The checked URLs, streamed to the API as one file: accepted whole or refused whole."""
+        spec_text = json.dumps(spec_document(spec)) if spec is not None else None
+        with tempfile.TemporaryFile() as file:
+            for submission in messages:
+                file.write("".join(f"{url}\n" for url in submission.urls).encode())
+            file.seek(0)
+            sent = self._remote(lambda r: r.submit_file(job, file, spec_text, tier_floor))
+        return int(sent["urls"])
+
+    def _remote(self, call: Callable[[Remote], T]) -> T:
+        """One call to the API, its errors as the client's."""
+        try:
+            with Remote(self.settings, timeout=max(self.timeout, 30.0)) as remote:
+                return call(remote)
+        except RemoteRefused as exc:
+            if exc.status == 401:
+                raise Unavailable(str(exc)) from None
+            raise InvalidInput(str(exc)) from None
+        except RemoteError as exc:
+            raise Unavailable(str(exc)) from None
 
     def pause(self, job: str) -> None:
         self._control(job, "pause")
@@ -185,6 +218,9 @@ class Client:
             control: JobControl = control_record(job, action, weight)
         except (JobControlError, JobNameError) as exc:
             raise InvalidInput(str(exc)) from None
+        if self.settings.api_url:
+            self._remote(lambda r: r.control(job, action, weight))
+            return
         self._publish("", self.topology.jobs, control)  # a stream, published to like a queue
 
     # -- reading (the store) ----------------------------------------------------------------
@@ -200,6 +236,8 @@ class Client:
 
     def status(self, job: str) -> Progress:
         """The job's counts now; all zero while the storer has recorded nothing of it yet."""
+        if self.settings.api_url:
+            return self._status_by_api(job)
         store = self._store()
         try:
             rows = store.counts(job)
@@ -209,6 +247,25 @@ class Client:
             return Progress(job, 0, 0, 0, 0, "unknown")
         row = rows[0]
         return Progress(job, row.total, row.stored, row.dead, row.pending, row.state)
+
+    def _status_by_api(self, job: str) -> Progress:
+        try:
+            check_job_name(job)
+        except JobNameError as exc:
+            raise InvalidInput(str(exc)) from None
+
+        def row_of(remote: Remote) -> dict[str, Any] | None:
+            try:
+                return remote.job(job)
+            except RemoteRefused as exc:
+                if exc.status == 404:  # not recorded yet
+                    return None
+                raise
+
+        row = self._remote(row_of)
+        if row is None:
+            return Progress(job, 0, 0, 0, 0, "unknown")
+        return Progress(job, row["total"], row["stored"], row["dead"], row["pending"], row["state"])
 
     def wait(self, job: str, timeout: float, poll: float = 1.0, expected: int | None = None) -> Progress:
         """Block until every recorded task of `job` is stored or dead (and at least `expected`
@@ -228,6 +285,16 @@ class Client:
 
     def items(self, job: str) -> Iterator[dict[str, Any]]:
         """The job's items, one dict each (`url` and the fields), as `hutch export` writes them."""
+        if self.settings.api_url:
+            remote = Remote(self.settings, timeout=max(self.timeout, 30.0))
+            try:
+                for line in remote.items(job):
+                    yield json.loads(line)
+            except RemoteError as exc:
+                raise Unavailable(str(exc)) from None
+            finally:
+                remote.close()
+            return
         store = self._store()
         try:
             yield from store.items(job)

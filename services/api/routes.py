@@ -50,6 +50,7 @@ from hutch.services.control.submit import valid_urls as file_urls
 from hutch.services.control.timeline import timeline
 from hutch.services.governor.status import domain_report
 from hutch.services.parser.spec import SpecError, parse_spec, spec_from_bytes
+from hutch.services.proxy_manager.costs import cost_summary
 from hutch.services.proxy_manager.pool import TIERS
 from hutch.store import JobCounts, Store
 from hutch.topology import INTAKE_KEY
@@ -82,6 +83,7 @@ class JobSubmission(Strict):
         None, description="what to extract, as in a spec file: {'fields': {'title': 'css:title::text'}}"
     )
     tier_floor: str | None = Field(None, description="the cheapest proxy tier the job may use")
+    weight: float | None = Field(None, description="the job's share of each domain's rate, set before any task is out")
 
 
 class Submitted(Strict):
@@ -103,6 +105,9 @@ class JobStatus(Strict):
     state: str
     weight: float
     finished: bool
+    costs: list[dict[str, Any]] = Field(
+        default_factory=list, description="requests and estimated proxy cost per domain and tier"
+    )
 
 
 class Weight(Strict):
@@ -123,8 +128,8 @@ class PurgeRequest(DeadFilter):
     all: bool = Field(False, description="purge with no filter: every dead letter")
 
 
-def status_of(row: JobCounts) -> JobStatus:
-    return JobStatus(**row.__dict__, finished=row.total > 0 and row.done)
+def status_of(row: JobCounts, costs: list[dict[str, Any]] | None = None) -> JobStatus:
+    return JobStatus(**row.__dict__, finished=row.total > 0 and row.done, costs=costs or [])
 
 
 def check_spec(spec: Spec | dict[str, Any] | None) -> Spec | None:
@@ -239,6 +244,22 @@ async def metrics(api: Service) -> Response:
 # -- jobs ----------------------------------------------------------------------------------------
 
 
+async def _ready_to_submit(api: Api, job: str, weight: float | None) -> None:
+    """Past `check_submission`: refuse a bad weight or a cancelled job, as `hutch submit`
+    does; then the weight goes on the jobs stream before any task of the job is out."""
+    record = None
+    if weight is not None:
+        try:
+            record = control_record(job, "weight", weight)
+        except JobControlError as exc:
+            raise Refused(400, str(exc), "weight") from None
+    found = await _store(api, lambda s: s.job_state(job))
+    if found is not None and found[0] == "cancelled":
+        raise Refused(409, f"job {job!r} is cancelled: its tasks would end dead at once; submit a new job", "job")
+    if record is not None:
+        await append_control(api.broker, record)
+
+
 async def _publish(api: Api, job: str, urls: Iterator[str], spec: Spec | None, tier_floor: str | None) -> Submitted:
     sent = Submitted(job=job, urls=0, messages=0)
     for submission in submissions(job, urls, spec, tier_floor, api.settings.max_url_bytes):
@@ -258,6 +279,7 @@ async def submit(api: Service, body: JobSubmission) -> Submitted:
             check_url(url, api.settings.max_url_bytes)
         except InvalidURL as exc:
             raise Refused(400, f"urls[{i}]: {exc}", f"urls[{i}]") from None
+    await _ready_to_submit(api, body.job, body.weight)
     return await _publish(api, body.job, iter(body.urls), spec, body.tier_floor)
 
 
@@ -268,6 +290,7 @@ async def submit_file(
     urls: Annotated[UploadFile, File(description="a URL file: one URL a line, '#' comments, as hutch submit")],
     spec: Annotated[str | None, Form(description="a spec file's text (YAML or JSON)")] = None,
     tier_floor: Annotated[str | None, Form()] = None,
+    weight: Annotated[float | None, Form()] = None,
 ) -> Submitted:
     """Submit a URL file of any length, streamed. The file is checked whole first, then sent."""
     check_submission(job, tier_floor)
@@ -287,14 +310,15 @@ async def submit_file(
             await asyncio.to_thread(check_urls, path, False, limit)
         except UrlFileError as exc:
             raise Refused(400, str(exc).replace(str(path), "urls"), "urls") from None
+        await _ready_to_submit(api, job, weight)
         return await _publish(api, job, file_urls(path, limit), parsed, tier_floor)
 
 
 @router.get("/jobs", tags=["jobs"])
 async def jobs(api: Service) -> list[JobStatus]:
     """Every job's counts, as `hutch status`."""
-    rows: list[JobCounts] = await _store(api, lambda s: s.counts())
-    return [status_of(row) for row in rows]
+    rows, costs = await _store(api, lambda s: (s.counts(), cost_summary(s)))
+    return [status_of(row, [c for c in costs if c["job"] == row.job]) for row in rows]
 
 
 async def _counts_of(api: Api, job: str) -> JobCounts:
@@ -306,7 +330,8 @@ async def _counts_of(api: Api, job: str) -> JobCounts:
 
 @router.get("/jobs/{job}", tags=["jobs"])
 async def job_status(api: Service, job: str) -> JobStatus:
-    return status_of(await _counts_of(api, job))
+    row = await _counts_of(api, job)
+    return status_of(row, await _store(api, lambda s: cost_summary(s, job)))
 
 
 @router.get(

@@ -29,8 +29,9 @@ from pydantic import ValidationError
 from hutch import telemetry
 from hutch.amqp import Broker, BrokerUnreachable, PublishFailed, queue_depth
 from hutch.models import DEFAULT_TOP, MAX_PATTERN, MAX_TOP, SORT_KEYS, Spec, StatusRequest
+from hutch.remote import RemoteError
 from hutch.services import ALL, SERVICES, service_class
-from hutch.services.control import dlq, storecopy, timeline, watch
+from hutch.services.control import dlq, overapi, storecopy, timeline, watch
 from hutch.services.control.jobs import (
     Action,
     JobControlError,
@@ -275,9 +276,14 @@ async def cmd_submit(args: argparse.Namespace) -> int:
     settings = _settings()
     path = Path(args.urls_file)
     job = _job(args.job, path)
-    _not_cancelled(settings, job)
     spec = _load_spec(args.spec)
     _check_urls(path, args.skip_invalid, settings.max_url_bytes)
+    if settings.api_url:
+        sent_by_api = overapi.submit(settings, job, path, args.spec, args.tier_floor, args.weight)
+        print(job)
+        print(f"submitted {sent_by_api['urls']} URLs to job {job} through the API", file=sys.stderr)
+        return 0
+    _not_cancelled(settings, job)
     # The broker is all it needs: the storer records the URLs from the intake queue.
     broker = await _connect(settings)
     try:
@@ -305,6 +311,10 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.top is not None or args.sort is not None or args.match is not None or args.paused:
         raise UserError("--top, --sort, --match and --paused go with --domains")
     settings = _settings()
+    if settings.api_url:
+        rows, costs = overapi.job_rows(settings, args.job)
+        print_status(rows, costs, args.json)
+        return 0
     store = _open_store(settings)
     try:
         rows = store.counts(args.job)
@@ -313,12 +323,18 @@ def cmd_status(args: argparse.Namespace) -> int:
         store.close()
     if args.job and not rows:
         raise UserError(f"no job named {args.job!r} in the store {redact_url(settings.store_location)}")
-    if args.json:
+    print_status(rows, costs, args.json)
+    return 0
+
+
+def print_status(rows: list[JobCounts], costs: list[dict[str, Any]], as_json: bool) -> None:
+    """`hutch status`'s table (or JSON) of jobs, then the proxy costs per job, domain and tier."""
+    if as_json:
         by_job: dict[str, list[dict[str, Any]]] = {}
         for cost in costs:
             by_job.setdefault(cost["job"], []).append(cost)
         print(json_text([job_json(row, by_job.get(row.job, [])) for row in rows]))
-        return 0
+        return
     print(
         f"{'job':<24} {'state':<16} {'total':>8} {'stored':>8} {'dead':>8} {'cancelled':>9} {'pending':>8} "
         f"{'in flight':>9} {'stalled':>8} {'rescued':>8}"
@@ -336,7 +352,6 @@ def cmd_status(args: argparse.Namespace) -> int:
                 f"{shown(cost['job']):<24} {shown(cost['domain']):<28} {shown(cost['tier']):<12} {cost['requests']:>8} "
                 f"{cost['ok']:>8} {cost['cost']:>10.4f}"
             )
-    return 0
 
 
 def domain_request(args: argparse.Namespace) -> StatusRequest:
@@ -392,11 +407,14 @@ async def cmd_domains(args: argparse.Namespace) -> int:
     """`hutch status --domains`: the top domains by rate, pause, held tasks, from the governors."""
     settings = _settings()
     request = domain_request(args)
-    broker = await _connect(settings)
-    try:
-        report = await domain_report(broker, request)
-    finally:
-        await broker.close()
+    if settings.api_url:
+        report = overapi.domain_report(settings, request)
+    else:
+        broker = await _connect(settings)
+        try:
+            report = await domain_report(broker, request)
+        finally:
+            await broker.close()
     if args.json:
         print(json_text(domains_json(report)))
         return 0
@@ -421,6 +439,9 @@ def job_json(row: JobCounts, costs: list[dict[str, Any]]) -> dict[str, Any]:
 async def control_job(settings: Settings, job: str, action: Action, weight: float | None = None) -> None:
     """Check what the store can tell, append the record to the `jobs` stream (confirmed), then
     record it in the store here, so `hutch status` and the next command see it at once."""
+    if settings.api_url:  # the API checks and records, as below
+        overapi.control(settings, job, action, weight)
+        return
     try:
         record = control_record(job, action, weight)
         known = known_job(settings.store_location, job)
@@ -453,7 +474,11 @@ async def cmd_control(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     settings = _settings()
     out = Path(args.out) if args.out else None
-    count = _export(settings.store_location, args.job, out)
+    if settings.api_url:
+        with out.open("w", encoding="utf-8") if out else contextlib.nullcontext(sys.stdout) as handle:
+            count = overapi.export(settings, args.job, handle)
+    else:
+        count = _export(settings.store_location, args.job, out)
     if out:
         print(f"exported {count} items to {shown(out)}", file=sys.stderr)
     return 0
@@ -636,7 +661,11 @@ def sandbox_package() -> Any:
 
 def cmd_jobs_delete(args: argparse.Namespace) -> int:
     """Remove a done job from the store: its tasks, items, attempts and dead letters."""
-    store = _open_store(_settings())
+    settings = _settings()
+    if settings.api_url:
+        _print_deleted(args.job, overapi.delete(settings, args.job))
+        return 0
+    store = _open_store(settings)
     try:
         found = store.counts(args.job)
         if not found and not store.job_exists(args.job):
@@ -649,12 +678,16 @@ def cmd_jobs_delete(args: argparse.Namespace) -> int:
         gone = store.delete_job(args.job) or {}
     finally:
         store.close()
+    _print_deleted(args.job, gone)
+    return 0
+
+
+def _print_deleted(job: str, gone: dict[str, int]) -> None:
     print(
-        f"deleted job {args.job}: {gone.get('tasks', 0)} tasks, {gone.get('items', 0)} items, "
+        f"deleted job {job}: {gone.get('tasks', 0)} tasks, {gone.get('items', 0)} items, "
         f"{gone.get('attempts', 0)} attempts, {gone.get('dead', 0)} dead letters",
         file=sys.stderr,
     )
-    return 0
 
 
 def cmd_store_copy(args: argparse.Namespace) -> int:
@@ -824,7 +857,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     except PublishFailed as exc:
         print(f"hutch: the broker did not accept the work: {shown(exc)}", file=sys.stderr)
         code = 2
-    except StoreError as exc:
+    except (StoreError, RemoteError) as exc:
         print(f"hutch: {shown(exc)}", file=sys.stderr)
         code = 2
     except KeyboardInterrupt:

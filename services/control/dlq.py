@@ -21,6 +21,7 @@ from typing import Any
 
 from hutch.amqp import Broker
 from hutch.models import DeadLetter
+from hutch.services.control import overapi
 from hutch.services.control.terminal import json_text, shown
 from hutch.settings import Settings
 from hutch.store import Store
@@ -39,12 +40,15 @@ def _open(settings: Settings) -> Store:
 
 def cmd_list(settings: Settings, args: argparse.Namespace) -> int:
     limit = args.limit if args.limit is not None else (None if args.json else 50)
-    store = _open(settings)
-    try:
-        groups = store.dead_groups(**_filters(args))
-        entries = store.dead_entries(**_filters(args), limit=limit)
-    finally:
-        store.close()
+    if settings.api_url:
+        groups, entries = overapi.dead(settings, _filters(args), limit)
+    else:
+        store = _open(settings)
+        try:
+            groups = store.dead_groups(**_filters(args))
+            entries = store.dead_entries(**_filters(args), limit=limit)
+        finally:
+            store.close()
     if args.json:
         print(json_text({"groups": groups, "entries": entries}))
         return 0
@@ -68,6 +72,9 @@ def cmd_list(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_show(settings: Settings, args: argparse.Namespace) -> int:
+    if settings.api_url:
+        print(json_text(overapi.dead_entry(settings, args.id), indent=2))
+        return 0
     store = _open(settings)
     try:
         entry = store.dead_entry(args.id)
@@ -141,25 +148,43 @@ async def replay(settings: Settings, filters: dict[str, Any], reset_attempts: bo
 
 
 def cmd_replay(settings: Settings, args: argparse.Namespace) -> int:
-    replayed, skipped = asyncio.run(replay(settings, _filters(args), args.reset_attempts))
+    if settings.api_url:
+        replayed, skipped = overapi.replay(settings, _filters(args), args.reset_attempts)
+    else:
+        replayed, skipped = asyncio.run(replay(settings, _filters(args), args.reset_attempts))
     print(f"replayed {replayed} dead letters" + (f"; {skipped} undecodable ones left" if skipped else ""))
     return 0
 
 
+def _confirmed(count: int, yes: bool) -> bool:
+    if yes:
+        return True
+    if not sys.stdin.isatty():
+        raise PermissionError(f"purging {count} dead letters needs --yes when not asked at a terminal")
+    return input(f"purge {count} dead letters? [y/N] ").strip().lower() in ("y", "yes")
+
+
 def cmd_purge(settings: Settings, args: argparse.Namespace) -> int:
+    if settings.api_url:
+        groups, _ = overapi.dead(settings, _filters(args), 1)
+        count = sum(group["count"] for group in groups)
+        if not count:
+            print("nothing to purge")
+            return 0
+        if not _confirmed(count, args.yes):
+            print("nothing purged")
+            return 1
+        print(f"purged {overapi.purge(settings, _filters(args))} dead letters")
+        return 0
     store = _open(settings)
     try:
         entries = store.dead_entries(**_filters(args))
         if not entries:
             print("nothing to purge")
             return 0
-        if not args.yes:
-            if not sys.stdin.isatty():
-                raise PermissionError(f"purging {len(entries)} dead letters needs --yes when not asked at a terminal")
-            answer = input(f"purge {len(entries)} dead letters? [y/N] ")
-            if answer.strip().lower() not in ("y", "yes"):
-                print("nothing purged")
-                return 1
+        if not _confirmed(len(entries), args.yes):
+            print("nothing purged")
+            return 1
         purged = store.mark_purged(entry["id"] for entry in entries)
     finally:
         store.close()

@@ -16,6 +16,7 @@ import json
 from typing import Any
 
 from hutch.models import task_id
+from hutch.services.control import overapi
 from hutch.services.control.terminal import json_text, shown
 from hutch.settings import Settings, redact_url
 from hutch.store import Store
@@ -84,8 +85,7 @@ def _trace_of(message: str | None) -> str | None:
     return found if isinstance(found, str) else None
 
 
-def run(settings: Settings, args: argparse.Namespace) -> int:
-    wanted = args.task_id if args.task_id else task_id(args.job, args.url)
+def _local(settings: Settings, wanted: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     store = Store(settings.store_location)
     try:
         found = store.timeline(wanted)
@@ -93,8 +93,16 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
         store.close()
     if found is None:
         raise LookupError(f"no task {wanted} in the store at {redact_url(settings.store_location)}")
-    rows = timeline(found)
-    task = found["task"]
+    return found["task"], timeline(found)
+
+
+def run(settings: Settings, args: argparse.Namespace) -> int:
+    wanted = args.task_id if args.task_id else task_id(args.job, args.url)
+    if settings.api_url:
+        found = overapi.trace(settings, wanted)
+        task, rows = found["task"], found["timeline"]
+    else:
+        task, rows = _local(settings, wanted)
     if args.json:
         print(json_text({"task": {k: v for k, v in task.items() if k != "message"}, "timeline": rows}, indent=2))
         return 0

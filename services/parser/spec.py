@@ -113,6 +113,11 @@ def parse_spec(data: Any, source: str = "spec") -> Spec:
         raise SpecError(f"{source}: {exc}") from None
 
 
+def spec_document(spec: Spec) -> dict[str, Any]:
+    """`spec` in the spec file's form (what `parse_spec` reads back to the same Spec)."""
+    return {"fields": {name: {rule.kind: rule.expr, "many": rule.many} for name, rule in spec.fields.items()}}
+
+
 def load_spec(path: str | Path) -> Spec:
     try:
         with open(path, "rb") as file:

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -200,3 +201,101 @@ def test_the_api_refuses_to_listen_beyond_loopback_without_a_token(settings: Set
     assert done.returncode != 0
     assert "refusing to listen on 0.0.0.0 without HUTCH_API_TOKEN" in done.stderr
     assert os.environ.get("HUTCH_API_TOKEN") is None or TOKEN not in done.stderr
+
+
+def remote_only_env(api: httpx.AsyncClient, tmp_path: Path) -> dict[str, str]:
+    """An environment with the API and nothing else: the broker's URL points at a closed
+    port and the store at an empty folder, so a command that touched either would fail."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HUTCH_")}
+    env.update(
+        HUTCH_API_URL=str(api.base_url),
+        HUTCH_API_TOKEN=TOKEN,
+        HUTCH_AMQP_URL=f"amqp://guest:guest@127.0.0.1:{free_port()}/",
+        HUTCH_DATA_DIR=str(tmp_path / "nothing-here"),
+    )
+    return env
+
+
+def hutch(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    command = [str(Path(sys.executable).with_name("hutch")), *args]
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
+
+
+async def test_the_cli_over_the_api_runs_a_job_with_neither_store_nor_broker_where_it_runs(
+    api: httpx.AsyncClient, sandbox: Sandbox, tmp_path: Path
+) -> None:
+    env = remote_only_env(api, tmp_path)
+    urls = sandbox.urls()[:20]
+    missing = sandbox.sites["beta"].base_url + "/status/404"
+    (tmp_path / "urls.txt").write_text("\n".join([*urls, missing]) + "\n")
+    (tmp_path / "spec.yaml").write_text("fields:\n  title: 'css:h1::text'\n")
+    (tmp_path / "bad.txt").write_text(urls[0] + "\nnot a url\n")
+
+    bad = await asyncio.to_thread(hutch, env, "submit", str(tmp_path / "bad.txt"), "--job", "viacli")
+    assert bad.returncode == 2 and "line 2" in bad.stderr
+    sent = await asyncio.to_thread(
+        hutch, env, "submit", str(tmp_path / "urls.txt"), "--job", "viacli", "--spec", str(tmp_path / "spec.yaml")
+    )
+    assert sent.returncode == 0, sent.stderr
+    assert "submitted 21 URLs" in sent.stderr
+    rows: list[dict[str, Any]] = []
+    for _ in range(600):
+        status = await asyncio.to_thread(hutch, env, "status", "viacli", "--json")
+        rows = json.loads(status.stdout) if status.returncode == 0 else []
+        if rows and rows[0]["finished"]:
+            break
+        await asyncio.sleep(0.2)
+    assert rows and rows[0]["finished"] and rows[0]["total"] == 21, rows
+    table = await asyncio.to_thread(hutch, env, "status")
+    assert table.returncode == 0 and "viacli" in table.stdout
+
+    exported = await asyncio.to_thread(hutch, env, "export", "viacli", "--out", str(tmp_path / "items.jsonl"))
+    assert exported.returncode == 0, exported.stderr
+    items = [json.loads(line) for line in (tmp_path / "items.jsonl").read_text().splitlines()]
+    assert len(items) == rows[0]["stored"] and all(item["title"] for item in items)
+
+    listed = await asyncio.to_thread(hutch, env, "dlq", "list", "--job", "viacli", "--json")
+    assert listed.returncode == 0, listed.stderr
+    [entry] = json.loads(listed.stdout)["entries"]
+    assert entry["url"] == missing
+    shown = await asyncio.to_thread(hutch, env, "dlq", "show", str(entry["id"]))
+    assert json.loads(shown.stdout)["letter"]["reason"] == "not_found"
+    traced = await asyncio.to_thread(hutch, env, "trace", "--job", "viacli", "--url", urls[0], "--json")
+    assert traced.returncode == 0 and json.loads(traced.stdout)["task"]["state"] == "stored"
+    unknown = await asyncio.to_thread(hutch, env, "pause", "no-such-job")
+    assert unknown.returncode == 2 and "no job named" in unknown.stderr
+    purged = await asyncio.to_thread(hutch, env, "dlq", "purge", "--job", "viacli", "--yes")
+    assert purged.returncode == 0 and "purged 1" in purged.stdout
+    deleted = await asyncio.to_thread(hutch, env, "jobs", "delete", "viacli")
+    assert deleted.returncode == 0 and "21 tasks" in deleted.stderr
+
+    env["HUTCH_API_TOKEN"] = "wrong"
+    denied = await asyncio.to_thread(hutch, env, "status")
+    assert denied.returncode == 2 and "HUTCH_API_TOKEN" in denied.stderr and "wrong" not in denied.stderr
+
+
+async def test_the_python_client_over_the_api_submits_waits_and_reads_items(
+    api: httpx.AsyncClient, sandbox: Sandbox, tmp_path: Path
+) -> None:
+    from hutch.client import Client, InvalidInput
+
+    settings = Settings(
+        api_url=str(api.base_url),
+        api_token=TOKEN,
+        amqp_url=f"amqp://guest:guest@127.0.0.1:{free_port()}/",
+        data_dir=tmp_path / "nothing-here",
+    )
+    urls = sandbox.urls()[:15]
+
+    def run() -> tuple[int, Any, list[dict[str, Any]]]:
+        with Client(settings) as client:
+            with pytest.raises(InvalidInput, match="URL 2"):
+                client.submit("viaclient", [urls[0], "nope://x"])
+            sent = client.submit("viaclient", urls + urls[:3], spec={"fields": {"title": "css:h1::text"}})
+            progress = client.wait("viaclient", timeout=120, poll=0.3, expected=15)
+            return sent, progress, list(client.items("viaclient"))
+
+    sent, progress, items = await asyncio.to_thread(run)
+    assert sent == 15
+    assert progress.done and progress.total == 15
+    assert len(items) == progress.stored and {item["url"] for item in items} <= set(urls)

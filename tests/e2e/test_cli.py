@@ -62,6 +62,7 @@ COMMANDS = (
     "watch",
     "trace",
     "jobs",
+    "store",
 )
 SCRIPT = Path(sys.executable).with_name("hutch")
 # The installed console script; cli.py has no __main__ guard, so without it, call main().
@@ -612,7 +613,7 @@ async def test_an_unknown_job_or_a_bad_setting_is_refused_in_one_sentence(
         hutch(env, "status", "nosuchjob", "--json"),
         hutch(env, "export", "nosuchjob"),
         hutch({**env, "HUTCH_RATE": "fast"}, "status"),
-        hutch({**env, "HUTCH_STORE_URL": "postgres://db/hutch"}, "export", "nosuchjob"),
+        hutch({**env, "HUTCH_STORE_URL": "mysql://db/hutch"}, "export", "nosuchjob"),
     )
     for done in results[:3]:
         refused_in_one_sentence(done, "no job named 'nosuchjob'")

@@ -1,0 +1,152 @@
+"""The API from the other side: what the CLI and `hutch.client.Client` call when
+`HUTCH_API_URL` is set, so the machine they run on needs neither the store nor the broker.
+
+Blocking (httpx's `Client`), one method per route of `hutch.services.api.routes`. Errors
+come back as the API words them: `RemoteRefused` for a 4xx (its `status` and the `field`
+it names), `RemoteUnavailable` when the API cannot be reached or answers 5xx. The token,
+when set, goes in the `Authorization` header and nowhere else (not in a message, not in a log).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import IO, Any
+
+import httpx
+
+from hutch.settings import Settings
+
+
+class RemoteError(Exception):
+    """What the API refused or could not do; the message says what."""
+
+
+class RemoteRefused(RemoteError):
+    """A 4xx: a bad value (400, `field` names it), no token (401), not found (404), a conflict (409)."""
+
+    def __init__(self, status: int, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.field = field
+
+
+class RemoteUnavailable(RemoteError):
+    """The API cannot be reached, timed out, or answered 5xx (its broker or store is down)."""
+
+
+class Remote:
+    def __init__(self, settings: Settings, timeout: float = 60.0) -> None:
+        if not settings.api_url:
+            raise ValueError("HUTCH_API_URL is not set")
+        self.url = settings.api_url.rstrip("/")
+        headers = {}
+        if settings.api_token is not None:
+            headers["Authorization"] = f"Bearer {settings.api_token.get_secret_value()}"
+        self.http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
+
+    def close(self) -> None:
+        self.http.close()
+
+    def __enter__(self) -> Remote:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def _check(self, answer: httpx.Response) -> httpx.Response:
+        if answer.status_code < 400:
+            return answer
+        try:
+            body = answer.json()
+            message, field = str(body.get("error")), body.get("field")
+        except (ValueError, AttributeError):
+            message, field = answer.text.strip()[:300] or answer.reason_phrase, None
+        if answer.status_code == 401:
+            message += " (set HUTCH_API_TOKEN to the API's token)"
+        if answer.status_code >= 500:
+            raise RemoteUnavailable(f"the API at {self.url} answered {answer.status_code}: {message}")
+        raise RemoteRefused(answer.status_code, message, field)
+
+    def _call(self, method: str, path: str, **kwargs: Any) -> Any:
+        try:
+            answer = self.http.request(method, path, **kwargs)
+        except httpx.HTTPError as exc:
+            raise RemoteUnavailable(f"cannot reach the API at {self.url}: {type(exc).__name__}: {exc}") from None
+        return self._check(answer).json()
+
+    # -- jobs ------------------------------------------------------------------------------
+
+    def submit(
+        self,
+        job: str,
+        urls: list[str],
+        spec: dict[str, Any] | None = None,
+        tier_floor: str | None = None,
+        weight: float | None = None,
+    ) -> dict[str, Any]:
+        body = {"job": job, "urls": urls, "spec": spec, "tier_floor": tier_floor, "weight": weight}
+        return dict(self._call("POST", "/jobs", json={k: v for k, v in body.items() if v is not None}))
+
+    def submit_file(
+        self,
+        job: str,
+        urls: IO[bytes],
+        spec_text: str | None = None,
+        tier_floor: str | None = None,
+        weight: float | None = None,
+    ) -> dict[str, Any]:
+        """A URL file, streamed from `urls` (an open binary file) as a multipart upload."""
+        form = {"spec": spec_text, "tier_floor": tier_floor, "weight": None if weight is None else str(weight)}
+        data = {k: v for k, v in form.items() if v is not None}
+        return dict(self._call("POST", f"/jobs/{job}/urls", files={"urls": ("urls.txt", urls)}, data=data))
+
+    def jobs(self) -> list[dict[str, Any]]:
+        return list(self._call("GET", "/jobs"))
+
+    def job(self, job: str) -> dict[str, Any]:
+        return dict(self._call("GET", f"/jobs/{job}"))
+
+    def items(self, job: str) -> Iterator[bytes]:
+        """The job's items as the API streams them: JSON lines, each ending in a newline."""
+        try:
+            with self.http.stream("GET", f"/jobs/{job}/items") as answer:
+                if answer.status_code >= 400:
+                    answer.read()
+                    self._check(answer)
+                for line in answer.iter_lines():
+                    if line:
+                        yield (line + "\n").encode()
+        except httpx.HTTPError as exc:
+            raise RemoteUnavailable(f"lost the API at {self.url} while reading items: {type(exc).__name__}") from None
+
+    def delete(self, job: str) -> dict[str, int]:
+        return dict(self._call("DELETE", f"/jobs/{job}"))
+
+    def control(self, job: str, action: str, weight: float | None = None) -> dict[str, Any]:
+        if action == "weight":
+            return dict(self._call("PUT", f"/jobs/{job}/weight", json={"weight": weight}))
+        return dict(self._call("POST", f"/jobs/{job}/{action}"))
+
+    # -- dead letters, domains, traces ------------------------------------------------------
+
+    def dead(self, filters: dict[str, Any], limit: int | None = None) -> dict[str, Any]:
+        params = {k: v for k, v in filters.items() if v is not None}
+        if limit is not None:
+            params["limit"] = limit
+        return dict(self._call("GET", "/dead", params=params))
+
+    def dead_entry(self, entry_id: int) -> dict[str, Any]:
+        return dict(self._call("GET", f"/dead/{entry_id}"))
+
+    def replay(self, filters: dict[str, Any], reset_attempts: bool) -> dict[str, int]:
+        return dict(self._call("POST", "/dead/replay", json={**filters, "reset_attempts": reset_attempts}))
+
+    def purge(self, filters: dict[str, Any]) -> int:
+        body = {k: v for k, v in filters.items() if v is not None} or {"all": True}
+        return int(self._call("POST", "/dead/purge", json=body)["purged"])
+
+    def domains(self, params: dict[str, Any]) -> dict[str, Any]:
+        return dict(self._call("GET", "/domains", params={k: v for k, v in params.items() if v is not None}))
+
+    def trace(self, task_id: str) -> dict[str, Any]:
+        return dict(self._call("GET", f"/tasks/{task_id}/trace"))
