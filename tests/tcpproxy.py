@@ -11,8 +11,9 @@ so new connections are refused; `restore()` listens again on the same port.
         await proxy.cut()        # every connection reset, new ones refused
         await proxy.restore()    # accepting again
 
-It runs on the test's event loop, loopback only (it binds 127.0.0.1 and connects only to
-127.0.0.1). `connections` counts the connections accepted so far, so a test can see that
+It runs on the test's event loop and connects only to 127.0.0.1; it listens on 127.0.0.1, or
+on `host`, an address of a bridge the test made (tests/netns.py: namespaces reach loopback
+services through it). `connections` counts the connections accepted so far, so a test can see that
 clients came back after a cut.
 """
 
@@ -25,10 +26,13 @@ import struct
 
 
 class TcpProxy:
-    def __init__(self, target_port: int, port: int = 0, target_host: str = "127.0.0.1") -> None:
+    def __init__(
+        self, target_port: int, port: int = 0, target_host: str = "127.0.0.1", host: str = "127.0.0.1"
+    ) -> None:
         if not target_host.startswith("127."):
             raise ValueError("the test proxy forwards to loopback only")
         self.target = (target_host, target_port)
+        self.host = host
         self.port = port
         self.connections = 0
         self.cuts = 0
@@ -38,10 +42,10 @@ class TcpProxy:
 
     @property
     def url(self) -> str:
-        return f"amqp://guest:guest@127.0.0.1:{self.port}/"
+        return f"amqp://guest:guest@{self.host}:{self.port}/"
 
     async def start(self) -> TcpProxy:
-        self._server = await asyncio.start_server(self._accept, "127.0.0.1", self.port, reuse_address=True)
+        self._server = await asyncio.start_server(self._accept, self.host, self.port, reuse_address=True)
         self.port = self._server.sockets[0].getsockname()[1]
         return self
 
