@@ -17,6 +17,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -71,9 +72,34 @@ def cli(host: Host, env: dict[str, str], *args: str) -> subprocess.CompletedProc
     return host.run(command, env=env, capture_output=True, text=True, timeout=60)
 
 
-async def status_of(host: Host, env: dict[str, str], job: str) -> dict[str, Any] | None:
-    done = await asyncio.to_thread(cli, host, env, "status", job, "--json")
-    return json.loads(done.stdout)[0] if done.returncode == 0 else None
+async def wait_status(
+    host: Host, env: dict[str, str], job: str, done: Callable[[dict[str, Any]], bool], timeout: float
+) -> dict[str, Any] | None:
+    """`hutch status JOB --json` from `host` until `done` says so; the last status read."""
+    deadline = time.monotonic() + timeout
+    status = None
+    while time.monotonic() < deadline:
+        answer = await asyncio.to_thread(cli, host, env, "status", job, "--json")
+        status = json.loads(answer.stdout)[0] if answer.returncode == 0 else None
+        if status is not None and done(status):
+            break
+        await asyncio.sleep(0.5)
+    return status
+
+
+async def start_fleet(net: Network, fleet: Fleet, base: dict[str, str], folder: Path) -> dict[str, Host]:
+    """Each service in a host of its own (two fetchers), started in turn until ready."""
+    hosts = {}
+    for i, name in enumerate(PROCESSES):
+        label = f"{name}{i}" if name == "fetcher" else name
+        host = net.host(label)
+        hosts[label] = host
+        env = {**base, "HUTCH_DATA_DIR": str(folder / label / "data")}
+        if name == "api":
+            env.update(HUTCH_API_HOST=host.address, HUTCH_API_PORT="8080")
+        process, log = fleet.start(host, name.replace("-", "_"), env)
+        await asyncio.to_thread(wait_for_mark, log, " ready (broker ", 90, process)
+    return hosts
 
 
 async def test_a_job_submitted_from_another_host_completes_with_a_fetchers_link_cut_midway(
@@ -107,17 +133,7 @@ async def test_a_job_submitted_from_another_host_completes_with_a_fetchers_link_
             HUTCH_ALLOWED_TARGETS=",".join(f"{gateway}:{fw.port}" for fw in forwarders),
             HUTCH_API_TOKEN=TOKEN,
         )
-        hosts = {}
-        for i, name in enumerate(PROCESSES):
-            label = f"{name}{i}" if name == "fetcher" else name
-            host = net.host(label)
-            hosts[label] = host
-            env = {**base, "HUTCH_DATA_DIR": str(tmp_path / label / "data")}
-            if name == "api":
-                env.update(HUTCH_API_HOST=host.address, HUTCH_API_PORT="8080")
-            process, log = fleet.start(host, name.replace("-", "_"), env)
-            hosts[label] = host
-            await asyncio.to_thread(wait_for_mark, log, " ready (broker ", 90, process)
+        hosts = await start_fleet(net, fleet, base, tmp_path)
         fetchers = [hosts[label] for label in hosts if label.startswith("fetcher")]
 
         here = net.host("cli")
@@ -131,22 +147,11 @@ async def test_a_job_submitted_from_another_host_completes_with_a_fetchers_link_
         sent = await asyncio.to_thread(cli, here, env, "submit", str(urls_file), "--job", "hosts")
         assert sent.returncode == 0, sent.stderr + fleet.logs()
 
-        deadline = time.monotonic() + 120
-        status = None
-        while time.monotonic() < deadline:
-            status = await status_of(here, env, "hosts")
-            if status and status["stored"] >= len(urls) // 3:
-                break
-            await asyncio.sleep(0.5)
+        status = await wait_status(here, env, "hosts", lambda s: s["stored"] >= len(urls) // 3, 120)
         assert status and status["stored"] >= len(urls) // 3, f"{status}\n{fleet.logs()}"
         await asyncio.to_thread(fetchers[0].cut)
 
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline:
-            status = await status_of(here, env, "hosts")
-            if status and status["finished"]:
-                break
-            await asyncio.sleep(1.0)
+        status = await wait_status(here, env, "hosts", lambda s: bool(s["finished"]), 240)
         assert status and status["finished"], f"{status}\n{fleet.logs()}"
         assert status["total"] == len(urls)
         assert status["stored"] + status["dead"] == len(urls)
