@@ -139,14 +139,20 @@ async def one_run(args: argparse.Namespace, label: str, profile: Path | None = N
         rate = (c1 - c0) / (t1 - t0)
         total = args.domains * args.per_domain
         age = (a1 - a0) / max(c1 - c0, 1)
-        print(f"  {label}: {rate:,.0f} permits/s, permit age at use {age * 1000:.0f} ms "
-              f"({c1}/{total} tasks drained)", flush=True)
+        print(
+            f"  {label}: {rate:,.0f} permits/s, permit age at use {age * 1000:.0f} ms ({c1}/{total} tasks drained)",
+            flush=True,
+        )
         # CPU seconds per 1,000 permits, over the same wall time as the count.
         permits = max(rate * wall, 1.0)
         spent = {name: cpu1[name] - cpu0[name] for name in cpu0}
-        print(f"  {label}: CPU per 1,000 permits: " + ", ".join(
-            f"{name} {1000 * sec / permits:.2f} s ({sec / wall:.0%} of a core)" for name, sec in spent.items()
-        ), flush=True)
+        print(
+            f"  {label}: CPU per 1,000 permits: "
+            + ", ".join(
+                f"{name} {1000 * sec / permits:.2f} s ({sec / wall:.0%} of a core)" for name, sec in spent.items()
+            ),
+            flush=True,
+        )
         return rate
 
 
@@ -167,8 +173,10 @@ async def main() -> None:
     print(f"permits/s: {args.domains} domains x {args.per_domain} tasks, 50/s burst 1 each (not binding)")
     rates = [await one_run(args, f"run {i + 1}") for i in range(args.runs)]
     if rates:
-        print(f"median of {len(rates)} runs: {statistics.median(rates):,.0f} permits/s "
-              f"(runs: {', '.join(f'{r:,.0f}' for r in rates)}; target >= 2,000)")
+        print(
+            f"median of {len(rates)} runs: {statistics.median(rates):,.0f} permits/s "
+            f"(runs: {', '.join(f'{r:,.0f}' for r in rates)}; target >= 2,000)"
+        )
     if not args.no_profile:
         with tempfile.TemporaryDirectory() as tmp:
             prof = Path(tmp) / "governor.prof"

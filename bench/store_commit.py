@@ -14,6 +14,11 @@ the store holds all N. Three set-ups, each run `--runs` times in turn, medians s
 - FULL, one message per transaction
 - FULL, grouped (store_batch = 256, the default)
 
+and the same two on PostgreSQL (`--postgres URL`, default the machine's server at
+127.0.0.1:5432, database `test`; each run in a schema of its own, dropped after; `--postgres ''`
+leaves them out): one message per transaction, and grouped (the default), with
+`synchronous_commit = on` as the store sets it.
+
     .venv/bin/python bench/store_commit.py                # 2,000 items, 3 runs each
     .venv/bin/python bench/store_commit.py --items 5000 --runs 5
 """
@@ -29,6 +34,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 from hutch.admin import delete_namespace
 from hutch.amqp import Broker
@@ -38,6 +44,7 @@ from hutch.settings import Settings
 from hutch.store import sqlite_path
 
 SETUPS = (("NORMAL", 1), ("FULL", 1), ("FULL", 256))
+PG_SETUPS = (("postgresql", 1), ("postgresql", 256))
 
 
 def item(n: int) -> Item:
@@ -46,14 +53,29 @@ def item(n: int) -> Item:
     return Item(task=task, status=200, fields={"title": f"Item {n}", "price": n * 0.01}, parsed_at=time.time())
 
 
-def count(reader: sqlite3.Connection) -> int:
+def count(reader: Any) -> int:
     return int(reader.execute("SELECT COUNT(*) FROM items").fetchone()[0])
 
 
-async def one_run(synchronous: str, batch: int, items: int, data_dir: Path) -> float:
+def pg_schema(base: str) -> tuple[str, str]:
+    """A fresh schema in `base`'s database: (its name, a store URL on it)."""
+    import psycopg
+
+    schema = f"bench_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(base, autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {schema}")
+    return schema, f"{base}{'&' if '?' in base else '?'}options=-csearch_path%3D{schema}"
+
+
+async def one_run(synchronous: str, batch: int, items: int, data_dir: Path, postgres: str = "") -> float:
+    schema = None
+    store_url = None
+    if synchronous == "postgresql":
+        schema, store_url = pg_schema(postgres)
     settings = Settings(
         namespace=f"bench-store-{uuid.uuid4().hex[:6]}",
         data_dir=data_dir,
+        store_url=store_url,
         store_batch=batch,
         reconcile_interval=3600.0,  # no sweep during the run
     )
@@ -67,10 +89,16 @@ async def one_run(synchronous: str, batch: int, items: int, data_dir: Path) -> f
         await storer.connect(wait=False)
         started = time.perf_counter()
         await storer.start()
-        await storer.store.run(lambda s: s.db.execute(f"PRAGMA synchronous={synchronous}"))
-        # A read-only connection to watch: opening a Store would take the write lock to
-        # check the schema, each time.
-        reader = sqlite3.connect(f"file:{sqlite_path(settings.store_location)}?mode=ro", uri=True)
+        reader: Any
+        if store_url is not None:
+            import psycopg
+
+            reader = psycopg.connect(store_url, autocommit=True)
+        else:
+            await storer.store.run(lambda s: s.db.execute(f"PRAGMA synchronous={synchronous}"))
+            # A read-only connection to watch: opening a Store would take the write lock to
+            # check the schema, each time.
+            reader = sqlite3.connect(f"file:{sqlite_path(settings.store_location)}?mode=ro", uri=True)
         deadline = started + 120
         try:
             while count(reader) < items:
@@ -84,6 +112,11 @@ async def one_run(synchronous: str, batch: int, items: int, data_dir: Path) -> f
         await storer.shutdown()
         await broker.close()
         await delete_namespace(settings)
+        if schema is not None:
+            import psycopg
+
+            with psycopg.connect(postgres, autocommit=True) as conn:
+                conn.execute(f"DROP SCHEMA {schema} CASCADE")
     return items / elapsed
 
 
@@ -91,18 +124,21 @@ async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--items", type=int, default=2000)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--postgres", default="postgresql://postgres@127.0.0.1:5432/test", help="'' to leave out")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    rates: dict[tuple[str, int], list[float]] = {setup: [] for setup in SETUPS}
+    setups = SETUPS + (PG_SETUPS if args.postgres else ())
+    rates: dict[tuple[str, int], list[float]] = {setup: [] for setup in setups}
     with tempfile.TemporaryDirectory() as tmp:
         for run in range(args.runs):
-            for synchronous, batch in SETUPS:  # interleaved, so a busy moment hurts all alike
+            for synchronous, batch in setups:  # interleaved, so a busy moment hurts all alike
                 data_dir = Path(tmp) / f"{synchronous}-{batch}-{run}"
-                rates[(synchronous, batch)].append(await one_run(synchronous, batch, args.items, data_dir))
+                rate = await one_run(synchronous, batch, args.items, data_dir, args.postgres)
+                rates[(synchronous, batch)].append(rate)
     print(f"{args.items} items through the storer, median of {args.runs} runs (items/s):")
     for (synchronous, batch), found in rates.items():
         how = "one message per transaction" if batch == 1 else f"grouped (up to {batch})"
-        label = f"synchronous={synchronous}, {how}"
+        label = f"PostgreSQL, {how}" if synchronous == "postgresql" else f"SQLite synchronous={synchronous}, {how}"
         runs = ", ".join(f"{r:,.0f}" for r in found)
         print(f"  {label:<52} {statistics.median(found):>8,.0f}   (runs: {runs})")
 

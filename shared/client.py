@@ -14,7 +14,10 @@ publisher confirm), and reads progress and items from the store where it can be 
 machine of the storer, for the embedded SQLite store). With `HUTCH_API_URL` set it goes
 through the API instead (`hutch.remote`, over HTTP with `HUTCH_API_TOKEN`) and needs neither
 the broker nor the store; the URLs are checked here first all the same, then streamed as one
-file, so a job is accepted whole or refused whole. The checks and errors are the CLI's:
+file, so a job is accepted whole or refused whole. Over the API a control (pause, resume,
+cancel, weight) for a job the storer has not recorded yet is refused (`InvalidInput`), as the
+CLI refuses one for a job its store does not know: after `submit`, wait for `status(job).total`
+to be above 0 first. The checks and errors are the CLI's:
 an invalid job name, URL or spec raises `InvalidInput` before anything is sent, naming it;
 a broker that cannot be reached or refuses a message raises `Unavailable`; a wait that runs
 out raises `TimedOut`, with the job's progress at that moment.

@@ -90,6 +90,14 @@ def pg_ddl(statement: str) -> str:
     return statement
 
 
+def _text_safe(params: Sequence[Any] | None) -> Sequence[Any] | None:
+    """PostgreSQL's text cannot hold NUL, which SQLite's can: a NUL in a free-text value (a
+    dead letter's detail quoting a response) becomes U+FFFD rather than failing the write."""
+    if params and any(isinstance(p, str) and "\x00" in p for p in params):
+        return [p.replace("\x00", "\ufffd") if isinstance(p, str) else p for p in params]
+    return params
+
+
 class PgConnection:
     """The part of `sqlite3.Connection` the store uses, on one psycopg connection."""
 
@@ -101,8 +109,18 @@ class PgConnection:
     def _connect(self) -> psycopg.Connection[Any]:
         import psycopg
 
+        # Keepalives and a user timeout: a statement on a link that went dead fails within
+        # about 30 s (an outage, retried) instead of waiting out the kernel's ~15 minutes.
         conn: psycopg.Connection[Any] = psycopg.connect(
-            self.url, autocommit=True, row_factory=_rows, connect_timeout=max(1, int(self.connect_timeout))
+            self.url,
+            autocommit=True,
+            row_factory=_rows,
+            connect_timeout=max(1, int(self.connect_timeout)),
+            keepalives=1,
+            keepalives_idle=10,
+            keepalives_interval=5,
+            keepalives_count=3,
+            tcp_user_timeout=30_000,
         )
         # An item is acked after its commit: the commit must be on disk when it returns,
         # whatever the server's default says.
@@ -125,11 +143,11 @@ class PgConnection:
         return self._conn
 
     def execute(self, sql: str, params: Sequence[Any] | None = ()) -> psycopg.Cursor[Any]:
-        return self._live().execute(translate(sql), params)
+        return self._live().execute(translate(sql), _text_safe(params))
 
     def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> psycopg.Cursor[Any]:
         cursor = self._live().cursor()
-        cursor.executemany(translate(sql), rows)
+        cursor.executemany(translate(sql), [_text_safe(row) or () for row in rows])
         return cursor
 
     def stream(self, sql: str, params: Sequence[Any] = ()) -> Iterator[Row]:
@@ -142,6 +160,15 @@ class PgConnection:
         self._conn.close()
 
     # -- the schema version ------------------------------------------------------------
+
+    def current_schema(self) -> int | None:
+        """The schema version, read without a lock or DDL (so a read-only role or a standby
+        can open a store that is up to date); None where there is no version table yet."""
+        row = self.execute("SELECT to_regclass('hutch_schema')").fetchone()
+        if row is None or row[0] is None:
+            return None
+        found = self.execute("SELECT version FROM hutch_schema").fetchone()
+        return None if found is None else int(found[0])
 
     def lock_schema(self) -> int:
         """Inside a transaction: wait for the migration lock, then read the version."""
@@ -161,8 +188,16 @@ def outage_errors() -> tuple[type[BaseException], ...]:
     """psycopg's errors that no message causes: a lost or refused connection, a server
     shutting down, a full disk, a lock not granted in time, a deadlock or serialization
     failure (all OperationalError), a statement on a connection already closed
-    (InterfaceError), and a server that takes no writes (a standby, or one set read-only)."""
+    (InterfaceError), a server that takes no writes (a standby, or one set read-only), and a
+    role without rights or a table missing."""
     import psycopg
     from psycopg import errors
 
-    return (psycopg.OperationalError, psycopg.InterfaceError, errors.ReadOnlySqlTransaction)
+    return (
+        psycopg.OperationalError,
+        psycopg.InterfaceError,
+        errors.ReadOnlySqlTransaction,
+        # A role that lost its rights or a schema gone: the operator's to fix, not a message's.
+        errors.InsufficientPrivilege,
+        errors.UndefinedTable,
+    )

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from typing import IO, Any
+from urllib.parse import quote
 
 import httpx
 
@@ -32,6 +33,16 @@ class RemoteRefused(RemoteError):
 
 class RemoteUnavailable(RemoteError):
     """The API cannot be reached, timed out, or answered 5xx (its broker or store is down)."""
+
+
+def _seg(value: str | int) -> str:
+    """One path segment, escaped: a job name or task id never reaches another route."""
+    return quote(str(value), safe="")
+
+
+# Submitting a long file and replaying wait for every broker confirm before the answer:
+# no read timeout there, or the client would give up on work that still goes through.
+_UNTIMED_READ = httpx.Timeout(30.0, read=None)
 
 
 class Remote:
@@ -98,34 +109,43 @@ class Remote:
         """A URL file, streamed from `urls` (an open binary file) as a multipart upload."""
         form = {"spec": spec_text, "tier_floor": tier_floor, "weight": None if weight is None else str(weight)}
         data = {k: v for k, v in form.items() if v is not None}
-        return dict(self._call("POST", f"/jobs/{job}/urls", files={"urls": ("urls.txt", urls)}, data=data))
+        files = {"urls": ("urls.txt", urls)}
+        return dict(self._call("POST", f"/jobs/{_seg(job)}/urls", files=files, data=data, timeout=_UNTIMED_READ))
 
     def jobs(self) -> list[dict[str, Any]]:
         return list(self._call("GET", "/jobs"))
 
     def job(self, job: str) -> dict[str, Any]:
-        return dict(self._call("GET", f"/jobs/{job}"))
+        return dict(self._call("GET", f"/jobs/{_seg(job)}"))
 
     def items(self, job: str) -> Iterator[bytes]:
         """The job's items as the API streams them: JSON lines, each ending in a newline."""
         try:
-            with self.http.stream("GET", f"/jobs/{job}/items") as answer:
+            with self.http.stream("GET", f"/jobs/{_seg(job)}/items") as answer:
                 if answer.status_code >= 400:
                     answer.read()
                     self._check(answer)
-                for line in answer.iter_lines():
-                    if line:
-                        yield (line + "\n").encode()
+                # Split on newlines only: JSON escapes every other line break, and httpx's
+                # iter_lines would also split on U+2028 and U+0085 inside a string.
+                rest = b""
+                for chunk in answer.iter_bytes():
+                    rest += chunk
+                    *lines, rest = rest.split(b"\n")
+                    for line in lines:
+                        if line:
+                            yield line + b"\n"
+                if rest:
+                    yield rest + b"\n"
         except httpx.HTTPError as exc:
             raise RemoteUnavailable(f"lost the API at {self.url} while reading items: {type(exc).__name__}") from None
 
     def delete(self, job: str) -> dict[str, int]:
-        return dict(self._call("DELETE", f"/jobs/{job}"))
+        return dict(self._call("DELETE", f"/jobs/{_seg(job)}"))
 
     def control(self, job: str, action: str, weight: float | None = None) -> dict[str, Any]:
         if action == "weight":
-            return dict(self._call("PUT", f"/jobs/{job}/weight", json={"weight": weight}))
-        return dict(self._call("POST", f"/jobs/{job}/{action}"))
+            return dict(self._call("PUT", f"/jobs/{_seg(job)}/weight", json={"weight": weight}))
+        return dict(self._call("POST", f"/jobs/{_seg(job)}/{action}"))
 
     # -- dead letters, domains, traces ------------------------------------------------------
 
@@ -136,10 +156,11 @@ class Remote:
         return dict(self._call("GET", "/dead", params=params))
 
     def dead_entry(self, entry_id: int) -> dict[str, Any]:
-        return dict(self._call("GET", f"/dead/{entry_id}"))
+        return dict(self._call("GET", f"/dead/{_seg(entry_id)}"))
 
     def replay(self, filters: dict[str, Any], reset_attempts: bool) -> dict[str, int]:
-        return dict(self._call("POST", "/dead/replay", json={**filters, "reset_attempts": reset_attempts}))
+        body = {**filters, "reset_attempts": reset_attempts}
+        return dict(self._call("POST", "/dead/replay", json=body, timeout=_UNTIMED_READ))
 
     def purge(self, filters: dict[str, Any]) -> int:
         body = {k: v for k, v in filters.items() if v is not None} or {"all": True}
@@ -149,4 +170,4 @@ class Remote:
         return dict(self._call("GET", "/domains", params={k: v for k, v in params.items() if v is not None}))
 
     def trace(self, task_id: str) -> dict[str, Any]:
-        return dict(self._call("GET", f"/tasks/{task_id}/trace"))
+        return dict(self._call("GET", f"/tasks/{_seg(task_id)}/trace"))

@@ -13,6 +13,7 @@ names no variable. A longer value is refused here, naming the variable.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -422,8 +423,10 @@ def check_env_size(name: str, value: object) -> None:
 def redact_url(url: str) -> str:
     """The URL with any password replaced, for logs and error messages."""
     parts = urlsplit(url)
+    # libpq also takes the password as a parameter (postgresql://u@h/db?password=...).
+    query = re.sub(r"(?i)(^|&)(password=)[^&]*", r"\1\2***", parts.query)
     if parts.password is None:
-        return url
+        return urlunsplit(parts._replace(query=query))
     host = parts.netloc.rpartition("@")[2]  # keeps IPv6 brackets and the port as written
     netloc = f"{parts.username}:***@{host}" if parts.username else host
-    return urlunsplit(parts._replace(netloc=netloc))
+    return urlunsplit(parts._replace(netloc=netloc, query=query))

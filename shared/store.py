@@ -318,6 +318,8 @@ class Store:
         PostgreSQL), so processes opening a new store at the same moment migrate it once.
         """
         postgres = self.path is None
+        if postgres and self.db.current_schema() == SCHEMA_VERSION:
+            return
         while True:
             with self._tx():
                 if postgres:

@@ -19,7 +19,7 @@ import socket
 import uvicorn
 
 from hutch.service import Service
-from hutch.services.api.routes import build
+from hutch.services.api.routes import MAX_STREAMS, build
 from hutch.settings import Settings
 from hutch.store import AsyncStore
 
@@ -59,6 +59,9 @@ class Api(Service):
         self._server: uvicorn.Server | None = None
         self._main: asyncio.Task[None] | None = None
         self._socket: socket.socket | None = None
+        # One replay at a time: two at once would both send the letters neither has marked yet.
+        self.replaying = asyncio.Lock()
+        self.streams = asyncio.Semaphore(MAX_STREAMS)
 
     @property
     def ready(self) -> bool:
@@ -85,7 +88,14 @@ class Api(Service):
         self._socket = sock
         self.port = sock.getsockname()[1]
         config = uvicorn.Config(
-            build(self), log_level="warning", access_log=False, lifespan="off", server_header=False, proxy_headers=False
+            build(self),
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
+            server_header=False,
+            proxy_headers=False,
+            # A client that stops reading an item stream must not hold the shutdown.
+            timeout_graceful_shutdown=max(1, int(s.shutdown_grace)),
         )
         config.load()
         server = uvicorn.Server(config)

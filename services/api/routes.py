@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import logging
 import tempfile
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -47,19 +48,23 @@ from hutch.services.control.jobs import (
 )
 from hutch.services.control.submit import JobNameError, UrlFileError, check_job_name, check_urls, submissions
 from hutch.services.control.submit import valid_urls as file_urls
+from hutch.services.control.terminal import json_text
 from hutch.services.control.timeline import timeline
 from hutch.services.governor.status import domain_report
 from hutch.services.parser.spec import SpecError, parse_spec, spec_from_bytes
 from hutch.services.proxy_manager.costs import cost_summary
 from hutch.services.proxy_manager.pool import TIERS
-from hutch.store import JobCounts, Store
+from hutch.store import JobCounts, Store, StoreError, is_outage
 from hutch.topology import INTAKE_KEY
 from hutch.urls import InvalidURL, check_url
 
 if TYPE_CHECKING:
     from hutch.services.api.app import Api
 
+log = logging.getLogger(__name__)
 MAX_INLINE_URLS = 100_000  # more go through the streamed route
+METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "PATCH"})
+MAX_STREAMS = 8  # item streams at once: each holds a thread and a store connection
 ITEM_CHUNK = 500  # items per read from the store while streaming
 
 
@@ -164,12 +169,14 @@ def build(api: Api) -> FastAPI:
     app.add_exception_handler(Refused, _refused)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _invalid)  # type: ignore[arg-type]
     app.add_exception_handler(PublishFailed, _unpublished)  # type: ignore[arg-type]
+    app.add_exception_handler(Exception, _failed)
 
     @app.middleware("http")
     async def count(request: Request, call_next: Callable[[Request], Any]) -> Response:
         response: Response = await call_next(request)
         template = getattr(request.scope.get("route"), "path", "unmatched")
-        api.metrics.api_requests.labels(template, request.method, str(response.status_code)).inc()
+        method = request.method if request.method in METHODS else "other"  # any token parses as a method
+        api.metrics.api_requests.labels(template, method, str(response.status_code)).inc()
         return response
 
     app.include_router(probes)
@@ -197,6 +204,15 @@ async def _unpublished(request: Request, exc: PublishFailed) -> JSONResponse:
 
 
 bearer = HTTPBearer(auto_error=False, description="HUTCH_API_TOKEN, where the API has one")
+
+
+async def _failed(request: Request, exc: Exception) -> JSONResponse:
+    """A store that cannot be reached (or any outage of it) is 503, like a broker that refuses;
+    anything else is a 500 whose detail stays in the log."""
+    if is_outage(exc) or isinstance(exc, StoreError):
+        return JSONResponse({"error": f"the store cannot be reached: {type(exc).__name__}", "field": None}, 503)
+    log.exception("api: %s %s failed", request.method, request.url.path)
+    return JSONResponse({"error": "internal error (see the API's log)", "field": None}, 500)
 
 
 def authorised(request: Request, given: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> None:
@@ -344,7 +360,12 @@ async def items(api: Service, job: str) -> StreamingResponse:
     """A job's items as JSON lines, streamed from the store in constant memory."""
     if not await _store(api, lambda s: s.job_exists(job)):
         raise Refused(404, f"no job named {job!r} in the store", "job")
-    return StreamingResponse(_stream_items(api.settings.store_location, job), media_type="application/x-ndjson")
+    if api.streams.locked():
+        raise Refused(503, f"{MAX_STREAMS} item streams are being read already; try again shortly")
+    await api.streams.acquire()
+    return StreamingResponse(
+        _stream_items(api.settings.store_location, job, api.streams.release), media_type="application/x-ndjson"
+    )
 
 
 def _remove(job: str) -> Callable[[Store], dict[str, int] | None]:
@@ -441,7 +462,8 @@ async def dead_entry(api: Service, entry_id: int) -> dict[str, Any]:
 async def replay(api: Service, body: ReplayRequest) -> dict[str, int]:
     """Republish matching dead letters (confirmed), each marked replayed once the broker has it."""
     filters = {"job": body.job, "domain": body.domain, "reason": body.reason}
-    replayed, skipped = await replay_with(api.broker, api.store.run, filters, body.reset_attempts)
+    async with api.replaying:
+        replayed, skipped = await replay_with(api.broker, api.store.run, filters, body.reset_attempts)
     return {"replayed": replayed, "skipped": skipped}
 
 
@@ -525,7 +547,7 @@ def _read_items(
             for item in store.items(job):
                 if stop.is_set():
                     return
-                lines.append(json.dumps(item, ensure_ascii=False, separators=(",", ":")))
+                lines.append(json_text(item))
                 if len(lines) >= ITEM_CHUNK:
                     put(("\n".join(lines) + "\n").encode())
                     lines = []
@@ -539,9 +561,9 @@ def _read_items(
             put(exc)
 
 
-async def _stream_items(location: str, job: str) -> AsyncIterator[bytes]:
+async def _stream_items(location: str, job: str, done: Callable[[], None]) -> AsyncIterator[bytes]:
     """The job's items as JSON lines, read with a store of their own (a long read must not
-    hold the API's store), at most a few chunks ahead of the client."""
+    hold the API's store), at most a few chunks ahead of the client; `done` at the end."""
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue[bytes | BaseException | None] = asyncio.Queue(maxsize=4)
     stop = threading.Event()
@@ -559,3 +581,4 @@ async def _stream_items(location: str, job: str) -> AsyncIterator[bytes]:
         stop.set()
         while not queue.empty():  # a reader blocked on a full queue then sees `stop`
             queue.get_nowait()
+        done()

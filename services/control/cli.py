@@ -475,6 +475,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     settings = _settings()
     out = Path(args.out) if args.out else None
     if settings.api_url:
+        overapi.job_rows(settings, args.job)  # an unknown job is refused before any file is opened
         with out.open("w", encoding="utf-8") if out else contextlib.nullcontext(sys.stdout) as handle:
             count = overapi.export(settings, args.job, handle)
     else:

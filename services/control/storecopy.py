@@ -37,33 +37,42 @@ def _count(store: Store, table: str) -> int:
     return int(store.db.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0])
 
 
+def _copy_table(source: Store, target: Store, table: str, progress: Callable[[str], None]) -> int:
+    wanted = [c for c in _columns(source, table) if c in set(_columns(target, table))]
+    insert = f"INSERT INTO {table} ({', '.join(wanted)}) VALUES ({', '.join('?' * len(wanted))})"
+    total = _count(source, table)
+    done = 0
+    cursor = source.db.execute(f"SELECT {', '.join(wanted)} FROM {table}")
+    while batch := cursor.fetchmany(BATCH):
+        target.db.executemany(insert, [tuple(row) for row in batch])
+        done += len(batch)
+        progress(f"{table}: {done}/{total}")
+    return done
+
+
 def copy_store(source: Store, target: Store, progress: Callable[[str], None]) -> dict[str, int]:
     """Copy every row of `source` into `target` (empty, same schema); rows copied per table."""
     for table in ("jobs", "tasks"):
         if _count(target, table):
             raise CopyRefused(f"the target {target.location} already holds {table}: copy into an empty store")
     copied: dict[str, int] = {}
-    with target._tx():
-        for table in TABLES:
-            columns = _columns(source, table)
-            wanted = [c for c in columns if c in set(_columns(target, table))]
-            insert = f"INSERT INTO {table} ({', '.join(wanted)}) VALUES ({', '.join('?' * len(wanted))})"
-            total = _count(source, table)
-            done = 0
-            cursor = source.db.execute(f"SELECT {', '.join(wanted)} FROM {table}")
-            while batch := cursor.fetchmany(BATCH):
-                target.db.executemany(insert, [tuple(row) for row in batch])
-                done += len(batch)
-                progress(f"{table}: {done}/{total}")
-            copied[table] = done
-        if target.backend == "postgresql":
-            # The ledger's ids came along; the next one must follow the highest.
-            target.db.execute(
-                "SELECT setval(pg_get_serial_sequence('dead', 'id'), GREATEST((SELECT MAX(id) FROM dead), 1))"
-            )
-    for table in TABLES:
-        if _count(target, table) != copied[table] or _count(source, table) != copied[table]:
-            raise RuntimeError(f"{table}: {copied[table]} rows copied but the counts differ afterwards")
+    # One snapshot of the source (a read transaction), one transaction on the target; the
+    # counts are compared inside it, so a copy that does not add up commits nothing.
+    source.db.execute("BEGIN" if source.backend == "sqlite" else "BEGIN ISOLATION LEVEL REPEATABLE READ")
+    try:
+        with target._tx():
+            for table in TABLES:
+                copied[table] = _copy_table(source, target, table, progress)
+            if target.backend == "postgresql":
+                # The ledger's ids came along; the next one must follow the highest.
+                target.db.execute(
+                    "SELECT setval(pg_get_serial_sequence('dead', 'id'), GREATEST((SELECT MAX(id) FROM dead), 1))"
+                )
+            for table in TABLES:
+                if _count(target, table) != copied[table] or _count(source, table) != copied[table]:
+                    raise RuntimeError(f"{table}: {copied[table]} rows copied but the counts differ; nothing written")
+    finally:
+        source.db.execute("ROLLBACK")
     return copied
 
 

@@ -191,3 +191,10 @@ def test_safe_amqp_url_is_the_redacted_amqp_url(monkeypatch: pytest.MonkeyPatch)
     s = Settings()
     assert s.amqp_url == "amqp://admin:hunter2@10.0.0.5:5672/"
     assert s.safe_amqp_url == "amqp://admin:***@10.0.0.5:5672/"
+
+
+def test_redact_url_hides_a_password_given_as_a_libpq_parameter() -> None:
+    assert (
+        redact_url("postgresql://hutch@db:5432/hutch?sslmode=require&password=s3cret")
+        == "postgresql://hutch@db:5432/hutch?sslmode=require&password=***"
+    )

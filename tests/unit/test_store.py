@@ -442,3 +442,11 @@ def test_unpublished_lists_only_tasks_still_new(store: Store, a: Task, b: Task) 
     store.add_tasks([row(a), row(b)])
     store.mark_queued([a.id])
     assert [r["id"] for r in store.unpublished(JOB)] == [b.id]
+
+
+def test_a_dead_letter_whose_detail_holds_a_nul_is_recorded_on_either_backend(store: Store, a: Task) -> None:
+    store.add_tasks([row(a)])
+    store.record_dead(letter(a, detail="body: \x00\x01 end"), "m-nul")
+    [entry] = store.dead_entries()
+    assert entry["detail"] in ("body: \x00\x01 end", "body: \ufffd\x01 end")
+    assert store.task_state(a.id) == "dead"
