@@ -64,5 +64,5 @@ def test_an_api_that_cannot_be_reached_is_unavailable() -> None:
         raise httpx.ConnectError("connection refused", request=request)
 
     remote = remote_with(httpx.MockTransport(refuse))
-    with pytest.raises(RemoteUnavailable, match="cannot reach the API at http://api.test:8080"):
+    with pytest.raises(RemoteUnavailable, match=r"cannot reach the API at http://api\.test:8080"):
         remote.jobs()
