@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
 # The pipeline: what `hutch up` runs and every job needs.
 SERVICES: tuple[str, ...] = ("governor", "fetcher", "proxy-manager", "parser", "storer")
-# Served beside the pipeline where wanted (`hutch serve api`, `hutch up --api`): no job needs it.
+# Served beside the pipeline where wanted (`hutch serve api`): no job needs it.
 EXTRAS: tuple[str, ...] = ("api",)
 ALL: tuple[str, ...] = SERVICES + EXTRAS
 
