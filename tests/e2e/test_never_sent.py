@@ -1,7 +1,7 @@
 """A task that a fetcher keeps giving back unsent ends: dead as `never_sent`, not a loop.
 
 A fetcher gives a task back to the frontier, spending nothing, when its permit expired
-or came late, or no proxy lease came. Permits that live a millisecond make every permit
+or came late, or no proxy lease came. Permits that live a microsecond make every permit
 expired on arrival, so every task (and every robots.txt task) is given back each time:
 the count in the task, and the governor's count for robots.txt, are what end them.
 """
@@ -29,7 +29,10 @@ def respect_robots() -> bool:
 
 @pytest.fixture
 def settings(settings: Settings, respect_robots: bool) -> Settings:
-    update = {"permit_ttl": 0.001, "max_returns": 3, "robots_attempts": 1, "respect_robots": respect_robots}
+    # A microsecond: no permit can reach a fetcher in time. With a millisecond, one robots.txt
+    # permit once did (a fast moment), its 404 allowed every page, and the pages ended
+    # `never_sent` instead of `robots`.
+    update = {"permit_ttl": 1e-6, "max_returns": 3, "robots_attempts": 1, "respect_robots": respect_robots}
     return settings.model_copy(update=update)
 
 
@@ -79,4 +82,4 @@ async def test_a_robots_txt_never_sent_counts_as_unreachable_and_its_pages_end_d
     for letter in dead.values():
         assert letter["reason"] == "robots"
         assert "unreachable" in letter["detail"]
-    assert [r.path for r in sandbox.log] == []
+    assert [r.path for r in sandbox.log] == []  # not even robots.txt was sent
