@@ -2,7 +2,16 @@
 
 Every message carries `v`, its schema version; a body that is not JSON, does not match its
 model or names an unknown version fails `decode` with `DecodeError`, which the consumer
-wrapper turns into a dead letter with reason `decode` (never a crash loop). JSON and not
+wrapper turns into a dead letter with reason `decode` (never a crash loop).
+
+The schema evolves so that old and new services can run side by side during a rollout
+(docs/messages.md): a field may be added, optional and with a default, without a new version.
+A service that does not know it reads the message as before and keeps the field when it
+passes the message on (`extra="allow"`: a task retried by an old fetcher still carries what
+a new parser wants). Removing, renaming or retyping a field, or making one required, is a
+breaking change: it raises `v`, and a service that does not know the version refuses the
+message as `decode`, saying which version it got and which it reads; the letter can be
+replayed once the service is upgraded. JSON and not
 pickle: messages cross process and language boundaries and are read back from the DLQ.
 The attempt count lives here, in the task, and not in RabbitMQ's `x-death` header, whose
 semantics changed across broker versions.
@@ -24,7 +33,8 @@ class Model(BaseModel):
     """A message on the wire. What the AMQP layer asks of every message it consumes is here:
     which task it is about, and the letter it becomes when it is finished for good."""
 
-    model_config = ConfigDict(extra="forbid")
+    # Unknown fields are kept, not refused: they are a newer producer's additions (see above).
+    model_config = ConfigDict(extra="allow")
 
     def subject(self) -> str | None:
         """The id of the task this message is about (span attributes, logs); None when none."""
@@ -76,6 +86,11 @@ def decode(body: bytes, model: type[M]) -> M:
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(part) for part in first["loc"]) or "body"
+        if first["loc"] and first["loc"][-1] == "v" and first["type"] == "literal_error":
+            raise DecodeError(
+                f"a {model.__name__} of schema version {str(first.get('input'))[:20]!r} at {where}: this Hutch "
+                f"reads version {SCHEMA_VERSION}; upgrade it, then replay the letter"
+            ) from None
         raise DecodeError(f"not a {model.__name__} v{SCHEMA_VERSION}: {where}: {first['msg']}") from None
 
 

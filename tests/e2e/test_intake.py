@@ -65,7 +65,9 @@ async def test_a_job_sent_by_a_plain_pika_publisher_is_recorded_and_completes_ea
     first = [f"{base}/page/{n}" for n in range(12)]
     again = first[6:] + [f"{base}/page/{n}" for n in range(12, 16)]  # six of them a second time
     spec = {"fields": {"heading": {"kind": "css", "expr": "title::text"}}}
-    bodies = (submission("piped", first, spec=spec), submission("piped", again, spec=spec))
+    # The first as a newer producer would send it, with a field this version does not know:
+    # an addition, so it is read (and the field kept), not refused.
+    bodies = (submission("piped", first, spec=spec, priority=5), submission("piped", again, spec=spec))
     await asyncio.to_thread(publish, settings, *bodies)
     counts = await services.wait_for("piped", lambda c: c.total == 16 and c.pending == 0, timeout=60)
     assert (counts.total, counts.stored) == (16, 16)
@@ -86,18 +88,20 @@ async def test_a_body_that_is_no_submission_or_holds_a_bad_url_is_dead_with_its_
     bad_url = submission("refused", [f"{base}/page/1", "ftp://example.com/file"])
     bad_job = submission("../escape", [f"{base}/page/2"])
     bad_tier = submission("refused", [f"{base}/page/3"], tier_floor="residental")
-    await asyncio.to_thread(publish, settings, b"{not json", bad_url, bad_job, bad_tier)
+    newer = json.dumps({"v": 2, "job": "refused", "urls": [f"{base}/page/4"]}).encode()  # a breaking change
+    await asyncio.to_thread(publish, settings, b"{not json", bad_url, bad_job, bad_tier, newer)
     store = Store(settings.store_location)
     try:
         for _ in range(100):
             dead = store.dead_entries(limit=10)
-            if len(dead) == 4:
+            if len(dead) == 5:
                 break
             await asyncio.sleep(0.1)
         reasons = sorted((d["stage"], d["reason"]) for d in dead)
-        assert reasons == [("intake", "decode"), *[("intake", "invalid_submission")] * 3]
+        assert reasons == [*[("intake", "decode")] * 2, *[("intake", "invalid_submission")] * 3]
         details = " ".join(d["detail"] for d in dead)
         assert "URL 2 of 2" in details and "job name" in details and "tier_floor 'residental'" in details
+        assert "schema version '2'" in details and "reads version 1" in details
         assert store.tasks("refused") == [] and store.counts() == []  # nothing of them recorded
     finally:
         store.close()
