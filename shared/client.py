@@ -122,12 +122,15 @@ class Client:
     def _open(self) -> Any:
         if self._channel is not None and self._channel.is_open:
             return self._channel
-        parts = urlsplit(self.settings.amqp_url)  # the query holds aio-pika's options, not pika's
-        parameters = pika.URLParameters(urlunsplit(parts._replace(query="")))
-        parameters.blocked_connection_timeout = self.timeout
-        parameters.socket_timeout = self.timeout
+        nodes = []
+        for url in self.settings.amqp_urls:  # a cluster's nodes: pika tries them in turn
+            parts = urlsplit(url)  # the query holds aio-pika's options, not pika's
+            parameters = pika.URLParameters(urlunsplit(parts._replace(query="")))
+            parameters.blocked_connection_timeout = self.timeout
+            parameters.socket_timeout = self.timeout
+            nodes.append(parameters)
         try:
-            self._connection = pika.BlockingConnection(parameters)
+            self._connection = pika.BlockingConnection(nodes)
             self._channel = self._connection.channel()
             self._channel.confirm_delivery()
         except pika.exceptions.AMQPError as exc:

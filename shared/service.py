@@ -18,10 +18,12 @@ import signal
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
+from pydantic import ValidationError
+
 from hutch import telemetry
 from hutch.amqp import Broker, BrokerUnreachable
 from hutch.metrics import Endpoint, Metrics
-from hutch.settings import Settings
+from hutch.settings import Settings, problems
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -132,7 +134,10 @@ def main(service_class: type[Service], settings: Settings | None = None) -> None
     """The one way a service runs: `python -m hutch.services.<name>` (what `hutch up` starts)
     and `hutch serve NAME` (what the image, compose and Kubernetes run) both come here, so a
     service gets the same logging, event loop and exit wherever it is deployed."""
-    settings = settings or Settings()
+    try:
+        settings = settings or Settings()
+    except ValidationError as exc:  # one line naming the variables, never their values
+        raise SystemExit(f"{service_class.name}: invalid setting {problems(exc)}") from None
     telemetry.setup_logging(service_class.name, settings.log_level, settings.log_format)
     try:
         service = service_class(settings)

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
-from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from hutch.targets import allowed_table, resolve_table, split_entries
@@ -39,7 +39,10 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="HUTCH_", extra="ignore", frozen=True)
 
     # Broker and naming
-    amqp_url: str = Field("amqp://guest:guest@127.0.0.1:5672/", description="RabbitMQ URL (credentials never logged)")
+    amqp_url: str = Field(
+        "amqp://guest:guest@127.0.0.1:5672/",
+        description="RabbitMQ URL (credentials never logged); a cluster's nodes comma separated, tried in turn",
+    )
     # AMQP caps exchange names at 127 characters: 100 leave room for the longest suffix.
     namespace: str = Field(
         "hutch",
@@ -299,6 +302,26 @@ class Settings(BaseSettings):
         description="with no pool configured: seconds a fetcher goes direct before asking again (0: every attempt)",
     )
 
+    @field_validator("amqp_url")
+    @classmethod
+    def _one_cluster(cls, value: str) -> str:
+        """Several nodes share everything but host and port: one user, vhost, scheme, options."""
+        urls = [url.strip() for url in value.split(",") if url.strip()]
+        if not urls:
+            raise ValueError("no URL given")
+        first = urlsplit(urls[0])
+        for url in urls:
+            parts = urlsplit(url)
+            if parts.scheme not in ("amqp", "amqps"):
+                raise ValueError(f"{redact_url(url)}: not an amqp:// or amqps:// URL")
+            same = (parts.scheme, parts.username, parts.password, parts.path, parts.query)
+            if same != (first.scheme, first.username, first.password, first.path, first.query):
+                raise ValueError(
+                    "the nodes of a cluster differ only in host and port: same scheme, user, password, vhost and "
+                    f"options as the first ({redact_url(urls[0])}), not {redact_url(url)}"
+                )
+        return value
+
     @field_validator("proxy_tier_floors", mode="before")
     @classmethod
     def _split_tier_floors(cls, value: object) -> object:
@@ -379,7 +402,21 @@ class Settings(BaseSettings):
 
     @property
     def safe_amqp_url(self) -> str:
-        return redact_url(self.amqp_url)
+        return ",".join(redact_url(url) for url in self.amqp_urls)
+
+    @property
+    def amqp_urls(self) -> list[str]:
+        """The nodes of `amqp_url`, each a whole URL (`amqp://u:p@a:5672/v,amqp://u:p@b:5672/v`)."""
+        return [url.strip() for url in self.amqp_url.split(",") if url.strip()]
+
+    @property
+    def amqp_nodes(self) -> list[tuple[str, int]]:
+        """(host, port) of each node, in the order given."""
+        nodes = []
+        for url in self.amqp_urls:
+            parts = urlsplit(url)
+            nodes.append((parts.hostname or "127.0.0.1", parts.port or (5671 if parts.scheme == "amqps" else 5672)))
+        return nodes
 
     def to_env(self, base: Mapping[str, str]) -> dict[str, str]:
         """`base` with every HUTCH_ variable replaced by these settings: a child's environment.
@@ -393,6 +430,14 @@ class Settings(BaseSettings):
                 check_env_size(name, text)
                 env[f"HUTCH_{name.upper()}"] = text
         return env
+
+
+def problems(exc: ValidationError) -> str:
+    """A settings error as one line, each bad variable by name with pydantic's message alone:
+    never the value given, which may hold a password."""
+    return "; ".join(
+        f"HUTCH_{'_'.join(str(part) for part in error['loc']).upper()}: {error['msg']}" for error in exc.errors()
+    )
 
 
 def env_text(value: object) -> str | None:

@@ -122,4 +122,4 @@ def ensure(url: str, wait: float = 90.0) -> Plan:
 
 
 if __name__ == "__main__":
-    ensure(Settings().amqp_url)
+    ensure(Settings().amqp_urls[0])

@@ -60,7 +60,7 @@ from hutch.services.governor.status import DomainReport, domain_report
 from hutch.services.parser.spec import SpecError, load_spec
 from hutch.services.proxy_manager.costs import cost_summary
 from hutch.services.proxy_manager.pool import TIERS, PoolError, load_pool
-from hutch.settings import Settings, redact_url
+from hutch.settings import Settings, problems, redact_url
 from hutch.store import AsyncStore, JobCounts, Store, StoreError
 
 
@@ -76,10 +76,7 @@ def _settings(**overrides: Any) -> Settings:
         return Settings(**{k: v for k, v in overrides.items() if v is not None})
     except ValidationError as exc:
         # pydantic's own text spans several lines; one clause per bad variable reads better.
-        problems = "; ".join(
-            f"HUTCH_{'_'.join(str(part) for part in error['loc']).upper()}: {error['msg']}" for error in exc.errors()
-        )
-        raise UserError(f"invalid setting {problems}") from None
+        raise UserError(f"invalid setting {problems(exc)}") from None
     except Exception as exc:
         raise UserError(f"invalid setting: {exc}") from None
 

@@ -32,7 +32,7 @@ from yarl import URL
 
 from hutch import telemetry
 from hutch.amqp.consumer import Consumer, Delivery, Handler, _Consuming
-from hutch.amqp.transport import _BatchingTCP, _Connection
+from hutch.amqp.transport import _Connection, transport_for
 from hutch.compression import pack, unpack
 from hutch.models import DecodeError, Model, decode, encode
 from hutch.settings import Settings
@@ -144,13 +144,13 @@ class Broker:
 
     async def connect(self, *, declare: bool = True, timeout: float = 10.0) -> Broker:
         try:
-            plain = self.settings.amqp_url.startswith("amqp://")
+            first = URL(self.settings.amqp_urls[0])
             # As aio_pika.connect_robust does, but with a transport factory (which it would put
-            # into the URL's query); amqps keeps aiormq's own TLS transport.
+            # into the URL's query): batched writes, and the cluster's nodes tried in turn.
             connection = _Connection(
-                URL(self.settings.amqp_url),
+                first,
                 client_properties={"connection_name": f"hutch-{self.name}"},
-                transport_factory=_BatchingTCP() if plain else None,
+                transport_factory=transport_for(first.scheme, self.settings.amqp_nodes),
             )
             await connection.connect(timeout=timeout)
             self.connection = connection

@@ -1,0 +1,106 @@
+"""A three-node RabbitMQ cluster on quorum queues, one node lost in the middle of a job.
+
+Three nodes of the test's own (tests/brokers.py: own names, configs, ports and data, one
+Erlang cookie), joined with `rabbitmqctl join_cluster`; the machine's shared broker is never
+touched. The services get all three in `HUTCH_AMQP_URL` and connect to the first. Mid-job
+that first node stops (`stop_app`, then the VM is killed): every service fails over to a node
+that is up on its own, the quorum queues elect new leaders, and the job still ends with every
+URL stored or dead, each stored URL one item. The node then starts again, rejoins, and a
+second job runs on the three.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from hutch_sandbox import Sandbox
+
+from hutch.settings import Settings
+
+from ..brokers import BrokerNode, available, cookie_home
+from ..e2e.conftest import Services
+from .conftest import check_job, in_thread, submit_job, wait_for_progress
+
+pytestmark = [pytest.mark.chaos, pytest.mark.e2e, pytest.mark.timeout(300)]
+PAGES = 40  # per site: 120 URLs over the three sites
+
+
+def running_nodes(node: BrokerNode) -> list[str]:
+    return sorted(json.loads(node.ctl("cluster_status", "--formatter", "json"))["running_nodes"])
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[list[BrokerNode]]:
+    why = available()
+    if why is not None:
+        if os.environ.get("CI"):
+            pytest.fail(why)
+        pytest.skip(why)
+    folder = Path(tempfile.mkdtemp(prefix="hutch-cluster-"))
+    os.chmod(folder, 0o755)
+    home = cookie_home(folder / "home")
+    nodes = [BrokerNode(name=f"hutch-cluster-{os.getpid()}-{i}", home=home, parent=folder) for i in range(3)]
+    try:
+        with ThreadPoolExecutor(3) as pool:
+            list(pool.map(lambda node: node.start(90), nodes))
+        for node in nodes[1:]:
+            node.ctl("stop_app")
+            node.ctl("join_cluster", nodes[0].nodename)
+            node.start_app(90)
+        running = running_nodes(nodes[0])
+        assert running == sorted(node.nodename for node in nodes), running
+        yield nodes
+    finally:
+        for node in nodes:
+            node.cleanup()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture
+def amqp_url(cluster: list[BrokerNode]) -> str:
+    """Every node, the first first: the services connect there, and fail over in turn."""
+    return ",".join(node.url for node in cluster)
+
+
+@pytest.fixture
+def settings(settings: Settings) -> Settings:
+    return settings.model_copy(update={"queue_type": "quorum"})
+
+
+def urls_of(sandbox: Sandbox, pages: int) -> list[str]:
+    return [url for site in sandbox.sites.values() for url in site.urls()[:pages]]
+
+
+async def test_a_job_on_quorum_queues_survives_losing_the_node_every_service_is_connected_to(
+    settings: Settings, sandbox: Sandbox, cluster: list[BrokerNode], services: Services
+) -> None:
+    first, *others = cluster
+    urls = urls_of(sandbox, PAGES)
+    await submit_job(settings, "clustered", urls)
+    before = await wait_for_progress(services, "clustered", stored=len(urls) // 4, timeout=120)
+    assert before.pending > 0, "the job finished before the node went down"
+    await in_thread(first.stop_app)
+    await in_thread(first.kill)
+    await services.wait_done("clustered", timeout=180)
+    counts = check_job(settings, sandbox, "clustered", urls)
+    assert counts.stored > len(urls) * 0.9, counts
+    # Every service moved to a node that is up on its own: none was started again.
+    assert {c.label: c.restarts for c in services.supervisor.children if c.restarts} == {}
+    queues = json.loads(others[0].ctl("list_queues", "name", "type", "--formatter", "json"))
+    ours = {q["name"]: q["type"] for q in queues if q["name"].startswith(settings.namespace)}
+    assert ours and "quorum" in ours.values(), ours
+
+    # The node comes back, rejoins the cluster, and a second job runs on the three.
+    await in_thread(lambda: first.start(90))
+    assert running_nodes(others[0]) == sorted(node.nodename for node in cluster)
+    again = [url for site in sandbox.sites.values() for url in site.urls()[PAGES : PAGES + 20]]
+    await submit_job(settings, "rejoined", again)
+    await services.wait_done("rejoined", timeout=120)
+    assert check_job(settings, sandbox, "rejoined", again).stored > len(again) * 0.9
