@@ -1,6 +1,7 @@
 """Permits per second: 1,000 domains with backlog, limits that do not bind, a stand-in fetcher.
 
     .venv/bin/python bench/governor_permits.py [--domains 1000] [--per-domain 50] [--runs 3]
+        [--queue-type classic|quorum]
 
 Each run gets a fresh vhost; `--per-domain` tasks per domain go through the frontier as
 the submitter sends them (round robin over the domains, each under its domain's shard key,
@@ -47,9 +48,10 @@ from hutch.settings import Settings
 HERE = Path(__file__).resolve().parent
 
 
-def bench_settings(url: str, data: Path) -> Settings:
+def bench_settings(url: str, data: Path, queue_type: str = "classic") -> Settings:
     return Settings(
         amqp_url=url,
+        queue_type=queue_type,  # type: ignore[arg-type]
         namespace="bench",
         data_dir=data,
         rate=50.0,
@@ -91,13 +93,17 @@ def read_counts(path: Path) -> list[tuple[float, int, float]]:
 async def one_run(args: argparse.Namespace, label: str, profile: Path | None = None) -> float:
     with bench_vhost("permits") as url, tempfile.TemporaryDirectory() as tmp:
         work = Path(args.keep) if args.keep else Path(tmp)
-        settings = bench_settings(url, work / "data")
+        settings = bench_settings(url, work / "data", args.queue_type)
         check_fd_room(settings.frontier_shards)
         started = time.monotonic()
         names = [f"d{i:05d}.bench.example" for i in range(args.domains)]
         await preload(settings, bench_tasks(names, args.per_domain))
         loaded = time.monotonic() - started
-        print(f"  {label}: preloaded {args.domains * args.per_domain} tasks in {loaded:.1f}s", flush=True)
+        tasks = args.domains * args.per_domain
+        print(
+            f"  {label}: preloaded {tasks} tasks in {loaded:.1f}s ({tasks / loaded:,.0f} published/s, confirmed)",
+            flush=True,
+        )
         counts = work / "counts.jsonl"
         env = child_env(settings, BENCH_COUNTS=str(counts))
         standin = Process("standin", [str(HERE / "governor_standin.py")], env, work)
@@ -169,8 +175,14 @@ async def main() -> None:
         help="keep the storer's and proxy-manager's event queues (they fill up: nothing consumes them)",
     )
     parser.add_argument("--keep", help="folder for the processes' logs (default: a temporary one)")
+    parser.add_argument(
+        "--queue-type", choices=("classic", "quorum"), default="classic", help="HUTCH_QUEUE_TYPE of the run"
+    )
     args = parser.parse_args()
-    print(f"permits/s: {args.domains} domains x {args.per_domain} tasks, 50/s burst 1 each (not binding)")
+    print(
+        f"permits/s: {args.domains} domains x {args.per_domain} tasks, 50/s burst 1 each (not binding), "
+        f"{args.queue_type} queues"
+    )
     rates = [await one_run(args, f"run {i + 1}") for i in range(args.runs)]
     if rates:
         print(
