@@ -97,6 +97,8 @@ def _config(compose: list[str], tmp_path: Path, **env: str) -> dict[str, Any]:
             str(empty_env_file),  # not a developer's .env
             "--profile",
             "control",
+            "--profile",
+            "api",
             "config",
             "--format",
             "json",
@@ -155,7 +157,8 @@ def test_fetchers_scale_without_a_container_name_or_host_ports(config: dict[str,
 def test_every_hutch_service_waits_for_a_healthy_rabbitmq(config: dict[str, Any]) -> None:
     services = config["services"]
     rabbitmq = services["rabbitmq"]
-    assert rabbitmq["image"].startswith("rabbitmq:3.13") and "management" in rabbitmq["image"]
+    # The version the tests ran on (README, "The broker"), with the management plugin.
+    assert rabbitmq["image"] == "rabbitmq:3.10.8-management"
     assert rabbitmq["healthcheck"]["test"]
     for name in HUTCH:
         assert services[name]["depends_on"]["rabbitmq"]["condition"] == "service_healthy", name
@@ -203,3 +206,51 @@ def test_the_storer_and_the_control_profile_share_the_store_volume(config: dict[
     assert data_volume("storer") == data_volume("control")
     assert data_volume("storer") in config["volumes"]
     assert services["control"]["profiles"] == ["control"]
+
+
+def test_the_store_is_the_postgres_service_which_every_hutch_service_waits_for(config: dict[str, Any]) -> None:
+    services = config["services"]
+    postgres = services["postgres"]
+    assert postgres["image"] == "postgres:15.20"  # the version the store's tests ran on
+    assert postgres["healthcheck"]["test"][:2] == ["CMD", "pg_isready"]
+    for name in (*HUTCH, "api"):
+        url = urlsplit(services[name]["environment"]["HUTCH_STORE_URL"])
+        assert (url.scheme, url.hostname, url.port, url.path) == ("postgresql", "postgres", 5432, "/hutch"), name
+        assert url.password == postgres["environment"]["POSTGRES_PASSWORD"], name
+        assert services[name]["depends_on"]["postgres"]["condition"] == "service_healthy", name
+
+
+def test_every_hutch_service_is_healthy_only_when_its_readyz_answers_on_its_own_port(config: dict[str, Any]) -> None:
+    defaults = Settings()
+    services = config["services"]
+    for name in (*SERVICES, "api"):
+        test = " ".join(services[name]["healthcheck"]["test"])
+        port = defaults.api_port if name == "api" else defaults.metrics_port(name)
+        assert f"http://127.0.0.1:{port}/readyz" in test, name
+
+
+def test_the_api_runs_with_its_profile_on_all_addresses_only_with_a_token_from_the_environment(
+    compose: list[str], tmp_path: Path
+) -> None:
+    config = _config(compose, tmp_path, HUTCH_API_TOKEN="from-env")
+    api = config["services"]["api"]
+    assert api["profiles"] == ["api"] and api["command"] == ["serve", "api"]
+    assert api["environment"]["HUTCH_API_HOST"] == "0.0.0.0"
+    assert api["environment"]["HUTCH_API_TOKEN"] == "from-env"
+    [port] = api["ports"]
+    assert (port["host_ip"], port["target"]) == ("127.0.0.1", 8080)
+
+
+def test_prometheus_and_grafana_read_the_files_in_deploy(config: dict[str, Any]) -> None:
+    services = config["services"]
+    prometheus = services["prometheus"]
+    assert prometheus["image"] == "prom/prometheus:v2.42.0"  # the version tests/e2e/test_metrics.py runs
+    mounts = {Path(v["source"]).resolve(): v["target"] for v in prometheus["volumes"] if v["type"] == "bind"}
+    assert mounts[ROOT / "deploy" / "prometheus"] == "/etc/prometheus"
+    assert "--config.file=/etc/prometheus/compose.yml" in prometheus["command"]
+    grafana = {Path(v["source"]).resolve(): v["target"] for v in services["grafana"]["volumes"]}
+    assert grafana[ROOT / "deploy" / "grafana" / "hutch.json"] == "/var/lib/grafana/dashboards/hutch.json"
+    provisioning = ROOT / "deploy" / "grafana" / "provisioning"
+    assert grafana[provisioning] == "/etc/grafana/provisioning"
+    assert (provisioning / "datasources" / "prometheus.yml").exists()
+    assert (provisioning / "dashboards" / "hutch.yml").exists()
