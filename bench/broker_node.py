@@ -109,12 +109,8 @@ class PrivateNode:
         )
         with (self.folder / "stdout.log").open("ab") as out:
             subprocess.Popen(
-                ["bash", "-c", script],
-                cwd=self.folder,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
+                ["bash", "-c", script], cwd=self.folder, stdin=subprocess.DEVNULL, stdout=out,
+                stderr=subprocess.STDOUT, start_new_session=True,
             )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -161,9 +157,8 @@ class PrivateNode:
 
     @classmethod
     def from_state(cls, state: dict[str, object]) -> PrivateNode:
-        return cls(
-            Path(str(state["folder"])), str(state["nodename"]), int(str(state["port"])), int(str(state["dist_port"]))
-        )
+        return cls(Path(str(state["folder"])), str(state["nodename"]), int(str(state["port"])),
+                   int(str(state["dist_port"])))
 
 
 @contextlib.contextmanager

@@ -156,12 +156,9 @@ async def one(domains: int, args: argparse.Namespace, work: Path) -> Result:
         raise SystemExit("cannot find the broker's VM on this machine (its memory and descriptors are measured)")
     with bench_vhost("frontier") as url:
         settings = Settings(amqp_url=url, namespace="bench", data_dir=work / "data", respect_robots=False)
-        print(
-            f"  settings: rate {settings.rate:g}/s, burst {settings.burst}, {settings.frontier_shards} shards, "
-            f"window {settings.frontier_window}, hold horizon {settings.hold_horizon:g}s, max_ready "
-            f"{settings.max_ready}, permits {settings.permit_ttl:g}s, robots.txt off",
-            flush=True,
-        )
+        print(f"  settings: rate {settings.rate:g}/s, burst {settings.burst}, {settings.frontier_shards} shards, "
+              f"window {settings.frontier_window}, hold horizon {settings.hold_horizon:g}s, max_ready "
+              f"{settings.max_ready}, permits {settings.permit_ttl:g}s, robots.txt off", flush=True)
         await (await Broker(settings, "bench-declare").connect()).close()  # the static topology first
         await asyncio.sleep(2)
         memory0, fds0 = node_memory(), fd_count(beam)
@@ -177,11 +174,8 @@ async def one(domains: int, args: argparse.Namespace, work: Path) -> Result:
         result.preload_s = round(time.monotonic() - started, 1)
         await asyncio.sleep(2)
         memory1, fds1 = node_memory(), fd_count(beam)
-        print(
-            f"  {domains}: preloaded {total:,} tasks in {result.preload_s:.0f}s; node {mib(memory0)} -> "
-            f"{mib(memory1)} MiB, descriptors {fds0} -> {fds1}",
-            flush=True,
-        )
+        print(f"  {domains}: preloaded {total:,} tasks in {result.preload_s:.0f}s; node {mib(memory0)} -> "
+              f"{mib(memory1)} MiB, descriptors {fds0} -> {fds1}", flush=True)
 
         counts = work / f"counts-{domains}.jsonl"
         env = child_env(settings, BENCH_COUNTS=str(counts))

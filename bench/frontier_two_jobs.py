@@ -86,11 +86,8 @@ async def main(args: argparse.Namespace) -> None:
                 if small_at is None and taken["large"] >= args.small_after:
                     small_at = time.time()
                     await preload(settings, bench_tasks([DOMAIN], args.small, job="small"))
-                    print(
-                        f"small job submitted {small_at - started:.1f}s after the start, "
-                        f"the large one at {taken['large']} taken",
-                        flush=True,
-                    )
+                    print(f"small job submitted {small_at - started:.1f}s after the start, "
+                          f"the large one at {taken['large']} taken", flush=True)
         finally:
             await governor.stop(timeout=60)
             await standin.stop()
@@ -98,10 +95,8 @@ async def main(args: argparse.Namespace) -> None:
     took = [float(str(r["t"])) for r in rows]
     issued = [float(str(r["issued"])) for r in rows if r.get("issued") is not None]
     limit = int(args.rate) + 1
-    print(
-        f"one domain at {args.rate:g}/s burst 1 (rate + burst = {limit}); large {args.large} tasks, "
-        f"small {args.small} submitted after {args.small_after} of the large were taken"
-    )
+    print(f"one domain at {args.rate:g}/s burst 1 (rate + burst = {limit}); large {args.large} tasks, "
+          f"small {args.small} submitted after {args.small_after} of the large were taken")
     for job in ("small", "large"):
         if job in finished:
             since = f"{finished[job] - small_at:.1f}s after the small job's submit, " if small_at else ""
@@ -110,14 +105,10 @@ async def main(args: argparse.Namespace) -> None:
             print(f"  {job}: not finished within {args.limit:.0f}s")
     order = sorted(finished, key=lambda j: finished[j])
     print(f"  finished first: {order[0] if order else 'neither'}")
-    print(
-        f"  tasks taken: {len(rows)} ({sum(1 for r in rows if r['job'] == 'large')} large, "
-        f"{sum(1 for r in rows if r['job'] == 'small')} small)"
-    )
-    print(
-        f"  worst 1-second window, both jobs: {worst_window(took)} by the stand-in's take, "
-        f"{worst_window(issued)} by permit issue (limit {limit})"
-    )
+    print(f"  tasks taken: {len(rows)} ({sum(1 for r in rows if r['job'] == 'large')} large, "
+          f"{sum(1 for r in rows if r['job'] == 'small')} small)")
+    print(f"  worst 1-second window, both jobs: {worst_window(took)} by the stand-in's take, "
+          f"{worst_window(issued)} by permit issue (limit {limit})")
     if small_at is not None:
         small_rows = [r for r in rows if float(str(r["t"])) >= small_at]
         both_end = finished.get("small", small_at)
@@ -126,10 +117,8 @@ async def main(args: argparse.Namespace) -> None:
         share = mine / max(len(shared), 1)
         print(f"  while both ran: {len(shared)} tasks, {mine} of them the small job's ({share:.0%})")
     seconds = per_second(issued, started)
-    print(
-        "  permits issued per second since the start: "
-        + " ".join(str(seconds.get(s, 0)) for s in range(max(seconds, default=-1) + 1))
-    )
+    print("  permits issued per second since the start: " + " ".join(str(seconds.get(s, 0)) for s in
+          range(max(seconds, default=-1) + 1)))
 
 
 if __name__ == "__main__":

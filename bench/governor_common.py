@@ -116,13 +116,8 @@ class Process:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = self.log_path.open("ab")
         self.process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            *self.argv,
-            env=self.env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
+            sys.executable, *self.argv, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL, start_new_session=True,
         )
         log.close()
         return self
@@ -158,9 +153,8 @@ class Process:
             await self.process.wait()
 
 
-def service(
-    name: str, env: dict[str, str], log_dir: Path, label: str | None = None, profile: Path | None = None
-) -> Process:
+def service(name: str, env: dict[str, str], log_dir: Path, label: str | None = None,
+            profile: Path | None = None) -> Process:
     module = f"hutch.services.{name.replace('-', '_')}"
     argv = ["-m", module] if profile is None else ["-m", "cProfile", "-o", str(profile), "-m", module]
     return Process(label or name, argv, env, log_dir)
@@ -222,9 +216,8 @@ def bench_tasks(domains: list[str], per_domain: int, job: str = "bench") -> Iter
             yield Task(id=f"{job}-{name}-{k}", job=job, url=f"http://{name}/page/{k}", domain=name)
 
 
-async def preload(
-    settings: Settings, tasks: Iterable[Task], batch: int = 2000, progress: Callable[[int], None] | None = None
-) -> int:
+async def preload(settings: Settings, tasks: Iterable[Task], batch: int = 2000,
+                  progress: Callable[[int], None] | None = None) -> int:
     """Publish tasks into the frontier as the submitter does (confirmed, under the shard key
     of their domain), `batch` confirms in flight at a time; how many were published."""
     broker = await Broker(settings, "bench-preload").connect()

@@ -125,9 +125,8 @@ def core_bytes_per_domain(domains: int) -> float:
         task = core.commit(Task(id=f"t{i}", job="j", url=f"http://{name}/", domain=name), name)
         assert task.permit is not None
         core.on_outcome(
-            Event(
-                kind="outcome", task_id=task.id, job="j", domain=name, attempt=1, outcome="ok", permit_id=task.permit.id
-            )
+            Event(kind="outcome", task_id=task.id, job="j", domain=name, attempt=1, outcome="ok",
+                  permit_id=task.permit.id)
         )
     after = tracemalloc.get_traced_memory()[0]
     tracemalloc.stop()
@@ -167,10 +166,8 @@ async def one(count: int, work: Path) -> None:
             f"{(rss - baseline) / max(held, 1):.1f} KiB per domain held",
             flush=True,
         )
-    print(
-        f"  governor state alone (tracemalloc, no broker): {core_bytes_per_domain(count) / 1024:.2f} KiB per domain",
-        flush=True,
-    )
+    print(f"  governor state alone (tracemalloc, no broker): {core_bytes_per_domain(count) / 1024:.2f} KiB per domain",
+          flush=True)
 
 
 async def main() -> None:

@@ -85,14 +85,12 @@ async def produce(url: str, target: str, count: int, size: int) -> None:
     body = os.urandom(size // 2).hex().encode()[:size]
     started = own_cpu()
     for first in range(0, count, BATCH):
-        await asyncio.gather(
-            *(
-                channel.default_exchange.publish(
-                    aio_pika.Message(body, delivery_mode=aio_pika.DeliveryMode.PERSISTENT), routing_key=target
-                )
-                for _ in range(first, min(first + BATCH, count))
+        await asyncio.gather(*(
+            channel.default_exchange.publish(
+                aio_pika.Message(body, delivery_mode=aio_pika.DeliveryMode.PERSISTENT), routing_key=target
             )
-        )
+            for _ in range(first, min(first + BATCH, count))
+        ))
     print(json.dumps({"cpu": own_cpu() - started}), flush=True)
     await connection.close()
 
@@ -114,18 +112,8 @@ def one_round(url: str, broker_pid: int | None, hops: int, count: int, size: int
     names = [f"floor.{tag}.{n}" for n in range(hops)]
     asyncio.run(declare(url, names))
     workers = [
-        child(
-            "--role",
-            "hop",
-            "--url",
-            url,
-            "--source",
-            names[n],
-            "--target",
-            names[n + 1] if n + 1 < hops else "",
-            "--count",
-            str(count),
-        )
+        child("--role", "hop", "--url", url, "--source", names[n],
+              "--target", names[n + 1] if n + 1 < hops else "", "--count", str(count))
         for n in range(hops)
     ]
     for worker in workers:
@@ -134,9 +122,8 @@ def one_round(url: str, broker_pid: int | None, hops: int, count: int, size: int
             raise SystemExit("a hop process did not start")
     broker_before = cpu_of(broker_pid) if broker_pid else 0.0
     started = time.perf_counter()
-    producer = child(
-        "--role", "produce", "--url", url, "--target", names[0], "--count", str(count), "--size", str(size)
-    )
+    producer = child("--role", "produce", "--url", url, "--target", names[0], "--count", str(count),
+                     "--size", str(size))
     produced = json.loads(producer.communicate(timeout=600)[0].strip().splitlines()[-1])
     hop_cpu = 0.0
     for worker in workers:
@@ -176,10 +163,8 @@ def main() -> None:
     from broker_node import private_node
 
     with private_node() as node:
-        print(
-            f"broker: a node of its own ({node.nodename}); {args.hops} hops, {args.messages} messages a round",
-            flush=True,
-        )
+        print(f"broker: a node of its own ({node.nodename}); {args.hops} hops, {args.messages} messages a round",
+              flush=True)
         for kb in (int(part) for part in args.sizes.split(",")):
             rounds = [
                 one_round(node.url, node.beam_pid(), args.hops, args.messages, kb * 1024, f"{kb}k{n}")

@@ -114,7 +114,9 @@ def analyse(
     after_escalation: dict[str, int] = {}
     for site in sorted(protected):
         blocked = [
-            r.ts for r in site_records if r.site == site and tiers.get(r.client) == "datacenter" and r.status == 403
+            r.ts
+            for r in site_records
+            if r.site == site and tiers.get(r.client) == "datacenter" and r.status == 403
         ]
         buckets: Counter[int] = Counter(int((ts - started) // BUCKET) for ts in blocked)
         dc_403[site] = dict(sorted(buckets.items()))
@@ -227,7 +229,8 @@ async def _run(args: argparse.Namespace, amqp_url: str, folder: Path) -> dict[st
         domains = {site.domain: name for name, site in sandbox.sites.items()}
         saved = state.read(settings.data_dir / state.FILENAME) or {}
         escalated = {
-            domains.get(entry["domain"], entry["domain"]): entry.get("escalated_at") for entry in saved.get("tiers", [])
+            domains.get(entry["domain"], entry["domain"]): entry.get("escalated_at")
+            for entry in saved.get("tiers", [])
         }
         for site in protected:
             escalated.setdefault(site, None)
@@ -317,7 +320,9 @@ def main() -> None:
     parser.add_argument("--config", default=str(DEFAULT_CONFIG), help="sandbox YAML")
     parser.add_argument("--rate", type=float, default=4.0, help="HUTCH_RATE: fetches per second per domain")
     parser.add_argument("--fetchers", type=int, default=1)
-    parser.add_argument("--tier-probe-interval", type=float, default=600.0, help="HUTCH_PROXY_TIER_PROBE_INTERVAL")
+    parser.add_argument(
+        "--tier-probe-interval", type=float, default=600.0, help="HUTCH_PROXY_TIER_PROBE_INTERVAL"
+    )
     parser.add_argument("--ban-seconds", type=float, default=60.0, help="HUTCH_PROXY_BAN_SECONDS")
     parser.add_argument("--timeout", type=float, default=300.0, help="give up after this many seconds")
     parser.add_argument("--json", help="also write the figures here")

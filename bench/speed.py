@@ -232,17 +232,8 @@ async def run_hutch(shape: Shape, box: Sites, url: str, node_pid: int | None, wo
         rss_at_20: dict[str, int] = {}
         started = time.time()
         cli = "from hutch.services.control.cli import main; main()"
-        submit = [
-            sys.executable,
-            "-c",
-            cli,
-            "submit",
-            str(work / "urls.txt"),
-            "--job",
-            job,
-            "--spec",
-            str(work / "spec.yaml"),
-        ]
+        submit = [sys.executable, "-c", cli, "submit", str(work / "urls.txt"), "--job", job,
+                  "--spec", str(work / "spec.yaml")]
         submitting = asyncio.create_task(asyncio.to_thread(run_measured, submit, env))
         submit_cpu: float | None = None
         finished, stored, last = 0, 0, None
@@ -330,17 +321,8 @@ class Sites:
                 os.setpriority(os.PRIO_PROCESS, 0, -10)
 
         argv = [
-            sys.executable,
-            "-m",
-            "hutch_sandbox",
-            "--config",
-            str(config_path),
-            "--access-log",
-            str(self.log_path),
-            "--ready-file",
-            str(ready),
-            "--urls-out",
-            str(self.work / "site-urls.txt"),
+            sys.executable, "-m", "hutch_sandbox", "--config", str(config_path), "--access-log", str(self.log_path),
+            "--ready-file", str(ready), "--urls-out", str(self.work / "site-urls.txt"),
         ]
         self.process = await asyncio.to_thread(
             subprocess.Popen, argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, preexec_fn=ahead
@@ -404,35 +386,26 @@ def report(shape: Shape, runs: list[Run]) -> dict[str, object]:
     limit_sum = None if shape.rate is None else shape.rate * len(shape.sites)
     line = f"{shape.name}: {statistics.median(rates):.1f} pages/s (runs: {', '.join(f'{x:.1f}' for x in rates)})"
     print(line)
-    print(
-        f"    finished {min(r.finished for r in runs)}-{max(r.finished for r in runs)} of {shape.pages}, "
-        f"stored {min(r.stored for r in runs)}-{max(r.stored for r in runs)}"
-    )
+    print(f"    finished {min(r.finished for r in runs)}-{max(r.finished for r in runs)} of {shape.pages}, "
+          f"stored {min(r.stored for r in runs)}-{max(r.stored for r in runs)}")
     if limit_sum is not None:
         ratios = [r.rate / limit_sum for r in runs]
-        print(
-            f"    ratio to the sum of the limits ({limit_sum:g}/s): {statistics.median(ratios):.3f} "
-            f"(runs: {', '.join(f'{x:.3f}' for x in ratios)})"
-        )
-        print(
-            f"    worst 1-second count at the site, any domain: {max(r.worst_second for r in runs)} "
-            f"(rate + burst = {shape.rate + 1:g})"
-        )
+        print(f"    ratio to the sum of the limits ({limit_sum:g}/s): {statistics.median(ratios):.3f} "
+              f"(runs: {', '.join(f'{x:.3f}' for x in ratios)})")
+        print(f"    worst 1-second count at the site, any domain: {max(r.worst_second for r in runs)} "
+              f"(rate + burst = {shape.rate + 1:g})")
     else:
         print(f"    worst 1-second count at the site, any domain: {max(r.worst_second for r in runs)}")
     if all(r.timeline for r in runs):
-
         def middle(key: str) -> float:
             return statistics.median(r.timeline[key] for r in runs)
 
         steady = middle("steady_rate")
         of_rate = f" ({steady / shape.rate:.3f} of the rate)" if shape.rate else ""
-        print(
-            f"    per domain (medians): robots.txt {middle('robots'):.2f} s and first page "
-            f"{middle('first_request'):.2f} s after submit; "
-            f"{steady:.2f} requests/s from its first to its last{of_rate}; "
-            f"last URL finished {middle('after_last_request'):.2f} s after its last request"
-        )
+        print(f"    per domain (medians): robots.txt {middle('robots'):.2f} s and first page "
+              f"{middle('first_request'):.2f} s after submit; "
+              f"{steady:.2f} requests/s from its first to its last{of_rate}; "
+              f"last URL finished {middle('after_last_request'):.2f} s after its last request")
     cpu = ", ".join(f"{label} {value:.2f}" for label, value in per_k.items())
     print(f"    CPU s per 1,000 pages: {total_per_k:.2f} in all ({cpu})")
     if any(r.rss for r in runs):
@@ -449,8 +422,7 @@ def report(shape: Shape, runs: list[Run]) -> dict[str, object]:
         "cpu_total_per_1000": total_per_k,
         "worst_second": max(r.worst_second for r in runs),
         "timeline": {k: statistics.median(r.timeline[k] for r in runs) for k in runs[0].timeline}
-        if all(r.timeline for r in runs)
-        else {},
+        if all(r.timeline for r in runs) else {},
         "limit_ratio": None if limit_sum is None else statistics.median(r.rate / limit_sum for r in runs),
     }
 
@@ -495,11 +467,8 @@ async def main() -> None:
                     raise SystemExit("interrupted")
                 stopper.cancel()
                 run = main_task.result()
-                print(
-                    f"  {shape.name} run {n + 1}: {run.finished}/{run.pages} in {run.seconds:.1f}s "
-                    f"= {run.rate:.1f} pages/s; CPU {sum(run.cpu.values()):.1f}s",
-                    flush=True,
-                )
+                print(f"  {shape.name} run {n + 1}: {run.finished}/{run.pages} in {run.seconds:.1f}s "
+                      f"= {run.rate:.1f} pages/s; CPU {sum(run.cpu.values()):.1f}s", flush=True)
                 runs.append(run)
             results.append(report(shape, runs))
     if args.json:

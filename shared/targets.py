@@ -121,7 +121,9 @@ def _host(text: str, kind: Kind, entry: str) -> tuple[str, bool]:
         return _name(text, kind, entry), False
     if text == "*":
         if kind == "allowed target":
-            raise _fail(kind, entry, "`*` alone would let every host through; set HUTCH_ALLOW_PRIVATE_NETWORKS instead")
+            raise _fail(
+                kind, entry, "`*` alone would let every host through; set HUTCH_ALLOW_PRIVATE_NETWORKS instead"
+            )
         return "", True
     if not text.startswith("*.") or "*" in text[2:]:
         raise _fail(kind, entry, "`*` may only be the whole leftmost label, as in *.shop.test")

@@ -182,7 +182,9 @@ class _TaskTraceIds(RandomIdGenerator):
 
 
 @contextlib.contextmanager
-def task_span(name: str, trace_id: str | None, carried: Context | None = None, **options: Any) -> Iterator[trace.Span]:
+def task_span(
+    name: str, trace_id: str | None, carried: Context | None = None, **options: Any
+) -> Iterator[trace.Span]:
     """A span about a task, in the task's one trace (`Task.trace_id`), made current.
 
     Under `carried` (a message's headers; else the current context) when that is in the

@@ -67,9 +67,8 @@ class Thresholds:
 
     @classmethod
     def of(cls, s: Settings) -> Thresholds:
-        return cls(
-            s.watch_under_for, s.watch_spike_ratio, s.watch_spike_min, s.watch_stale_after, s.watch_broker_headroom
-        )
+        return cls(s.watch_under_for, s.watch_spike_ratio, s.watch_spike_min, s.watch_stale_after,
+                   s.watch_broker_headroom)
 
 
 @dataclass
@@ -146,13 +145,8 @@ def _under_provisioned(readings: Sequence[Reading], t: Thresholds) -> list[Flag]
     if not span or not all(d is not None and d > 0 for d in span):
         return []
     now = span[-1] or 0.0
-    return [
-        Flag(
-            "under_provisioned",
-            "fetchers",
-            f"demand above 0 for {t.under_for:g}s: {now:.1f} fetch slots wanted beyond those busy",
-        )
-    ]
+    return [Flag("under_provisioned", "fetchers",
+                 f"demand above 0 for {t.under_for:g}s: {now:.1f} fetch slots wanted beyond those busy")]
 
 
 def _retry_spikes(first: Reading, last: Reading, t: Thresholds) -> list[Flag]:
@@ -164,14 +158,9 @@ def _retry_spikes(first: Reading, last: Reading, t: Thresholds) -> list[Flag]:
     for domain, ratio in sorted(ratios.items()):
         others = [r for d, r in ratios.items() if d != domain]
         if retried.get(domain, 0.0) >= t.spike_min and ratio >= t.spike_ratio and all(r <= ratio / 3 for r in others):
-            found.append(
-                Flag(
-                    "retry_spike",
-                    domain,
-                    f"{retried[domain]:.0f} retries in {fetched[domain]:.0f} fetches ({ratio:.0%}) over "
-                    f"{last.at - first.at:.0f}s; other domains at most {max(others, default=0.0):.0%}",
-                )
-            )
+            found.append(Flag("retry_spike", domain,
+                              f"{retried[domain]:.0f} retries in {fetched[domain]:.0f} fetches ({ratio:.0%}) over "
+                              f"{last.at - first.at:.0f}s; other domains at most {max(others, default=0.0):.0%}"))
     return found
 
 
@@ -180,15 +169,9 @@ def _dead_letters(first: Reading, last: Reading) -> list[Flag]:
     if not dead:
         return []
     worst = sorted(dead.items(), key=lambda kv: -kv[1])
-    return [
-        Flag(
-            "dead_letters",
-            worst[0][0],
-            f"{sum(dead.values()):.0f} dead letters in the last {last.at - first.at:.0f}s ("
-            + ", ".join(f"{d}: {n:.0f}" for d, n in worst[:3])
-            + ")",
-        )
-    ]
+    return [Flag("dead_letters", worst[0][0],
+                 f"{sum(dead.values()):.0f} dead letters in the last {last.at - first.at:.0f}s ("
+                 + ", ".join(f"{d}: {n:.0f}" for d, n in worst[:3]) + ")")]
 
 
 def _stale(last: Reading, t: Thresholds) -> list[Flag]:
@@ -209,12 +192,8 @@ def _stale(last: Reading, t: Thresholds) -> list[Flag]:
 
 BROKER_LIMITS: tuple[tuple[FlagKind, str, str, str], ...] = (
     ("broker_descriptors", "rabbitmq_process_open_fds", "rabbitmq_process_max_fds", "file descriptors"),
-    (
-        "broker_memory",
-        "rabbitmq_process_resident_memory_bytes",
-        "rabbitmq_resident_memory_limit_bytes",
-        "memory (of its high watermark)",
-    ),
+    ("broker_memory", "rabbitmq_process_resident_memory_bytes", "rabbitmq_resident_memory_limit_bytes",
+     "memory (of its high watermark)"),
 )
 
 
@@ -244,27 +223,20 @@ def summary(readings: Sequence[Reading], t: Thresholds, window: float) -> dict[s
     domains: list[dict[str, Any]] = []
     for d in names:
         n = fetched.get(d, 0.0)
-        domains.append(
-            {
-                "domain": d,
-                "backlog": backlog.get(d),
-                "rate": rate.get(d),
-                "fetches": n,
-                "retries": retried.get(d, 0.0),
-                "retry_ratio": round(retried.get(d, 0.0) / n, 4) if n else None,
-                "dead": dead.get(d, 0.0),
-                "oldest_age": oldest.get(d),
-                "waiting": waiting[d][0] if d in waiting else None,
-                "not_moved_for": round(waiting[d][1], 1) if d in waiting else None,
-            }
-        )
-    domains.sort(
-        key=lambda row: (
-            -(backlog.get(row["domain"]) or 0.0) - (waiting.get(row["domain"], (0, 0.0))[0]),
-            -fetched.get(row["domain"], 0.0),
-            row["domain"],
-        )
-    )
+        domains.append({
+            "domain": d,
+            "backlog": backlog.get(d),
+            "rate": rate.get(d),
+            "fetches": n,
+            "retries": retried.get(d, 0.0),
+            "retry_ratio": round(retried.get(d, 0.0) / n, 4) if n else None,
+            "dead": dead.get(d, 0.0),
+            "oldest_age": oldest.get(d),
+            "waiting": waiting[d][0] if d in waiting else None,
+            "not_moved_for": round(waiting[d][1], 1) if d in waiting else None,
+        })
+    domains.sort(key=lambda row: (-(backlog.get(row["domain"]) or 0.0) - (waiting.get(row["domain"], (0, 0.0))[0]),
+                                  -fetched.get(row["domain"], 0.0), row["domain"]))
     queues: dict[str, float] = {}
     for labels, depth in last.values("hutch_queue_depth"):
         queue = labels.get("queue", "")
@@ -390,55 +362,40 @@ def render(view: dict[str, Any], top: int) -> Any:
         Text(f"! {f['kind']}: {shown(f['subject'])}: {shown(f['detail'])}", style="bold red") for f in view["flags"]
     ] or [Text("no condition flagged", style="green")]
     demand, age = view["demand"], view["task_age"]
-    parts.append(
-        Text(
-            f"window {view['window']:.0f}s | demand {_cell(demand['demand'], 1)} (wanted "
-            f"{_cell(demand['slots_wanted'], 1)}, in flight {_cell(demand['in_flight'])}) | fetched "
-            f"{age['fetched']:.0f}, mean task age {_cell(age['mean_seconds'], 1)}s"
-        )
-    )
+    parts.append(Text(
+        f"window {view['window']:.0f}s | demand {_cell(demand['demand'], 1)} (wanted "
+        f"{_cell(demand['slots_wanted'], 1)}, in flight {_cell(demand['in_flight'])}) | fetched "
+        f"{age['fetched']:.0f}, mean task age {_cell(age['mean_seconds'], 1)}s"
+    ))
     parts.append(_table("queues", ("queue", "ready"), ((q, f"{d:.0f}") for q, d in view["queues"].items())))
-    parts.append(
-        _table(
-            f"domains (top {top})",
-            ("domain", "backlog", "rate/s", "fetches", "retries", "retry %", "dead", "oldest s", "not moved s"),
+    parts.append(_table(
+        f"domains (top {top})",
+        ("domain", "backlog", "rate/s", "fetches", "retries", "retry %", "dead", "oldest s", "not moved s"),
+        (
             (
-                (
-                    row["domain"],
-                    _cell(row["backlog"]),
-                    _cell(row["rate"], 2),
-                    _cell(row["fetches"]),
-                    _cell(row["retries"]),
-                    "-" if row["retry_ratio"] is None else f"{row['retry_ratio']:.0%}",
-                    _cell(row["dead"]),
-                    _cell(row["oldest_age"]),
-                    _cell(row["not_moved_for"]),
-                )
-                for row in view["domains"][:top]
-            ),
-        )
-    )
+                row["domain"], _cell(row["backlog"]), _cell(row["rate"], 2), _cell(row["fetches"]),
+                _cell(row["retries"]), "-" if row["retry_ratio"] is None else f"{row['retry_ratio']:.0%}",
+                _cell(row["dead"]), _cell(row["oldest_age"]), _cell(row["not_moved_for"]),
+            )
+            for row in view["domains"][:top]
+        ),
+    ))
     if view["proxies"]:
         rows = ((tier, *(_cell(s.get(k)) for k in ("alive", "dead", "bans"))) for tier, s in view["proxies"].items())
         parts.append(_table("proxies", ("tier", "alive", "dead", "bans"), rows))
     broker = view["broker"]
     if broker is not None:
-        parts.append(
-            Text(
-                f"broker: descriptors {_cell(broker['descriptors'])}/{_cell(broker['descriptors_limit'])}, memory "
-                f"{(broker['memory'] or 0) / 2**20:.0f}/{(broker['memory_limit'] or 0) / 2**20:.0f} MiB"
-            )
-        )
+        parts.append(Text(
+            f"broker: descriptors {_cell(broker['descriptors'])}/{_cell(broker['descriptors_limit'])}, memory "
+            f"{(broker['memory'] or 0) / 2**20:.0f}/{(broker['memory_limit'] or 0) / 2**20:.0f} MiB"
+        ))
     sources = view["sources"]
-    parts.append(
-        Text(
-            f"read {len(sources['metrics'])} metrics endpoint(s)"
-            + (f", {len(sources['unreachable'])} unreachable" if sources["unreachable"] else "")
-            + (", the store" if sources["store"] else ", no store")
-            + (", the broker" if sources["broker"] else ""),
-            style="dim",
-        )
-    )
+    parts.append(Text(
+        f"read {len(sources['metrics'])} metrics endpoint(s)"
+        + (f", {len(sources['unreachable'])} unreachable" if sources["unreachable"] else "")
+        + (", the store" if sources["store"] else ", no store") + (", the broker" if sources["broker"] else ""),
+        style="dim",
+    ))
     return Group(*parts)
 
 
@@ -507,19 +464,10 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--exit-code", action="store_true", help="with --once: exit 1 when a condition is flagged")
     p.add_argument("--window", type=float, default=30.0, help="seconds of readings rates and growth cover (default 30)")
     p.add_argument("--interval", type=float, default=2.0, help="seconds between readings (default 2)")
-    p.add_argument(
-        "--metrics",
-        action="append",
-        default=[],
-        metavar="URL",
-        help="a service's /metrics URL (repeat; default: the configured ports on HUTCH_METRICS_HOST)",
-    )
-    p.add_argument(
-        "--fetchers",
-        type=int,
-        default=8,
-        help="fetcher ports to look at from HUTCH_FETCHER_METRICS_PORT on (default 8)",
-    )
+    p.add_argument("--metrics", action="append", default=[], metavar="URL",
+                   help="a service's /metrics URL (repeat; default: the configured ports on HUTCH_METRICS_HOST)")
+    p.add_argument("--fetchers", type=int, default=8,
+                   help="fetcher ports to look at from HUTCH_FETCHER_METRICS_PORT on (default 8)")
     p.add_argument("--broker-metrics", metavar="URL", help="RabbitMQ's /metrics (default HUTCH_BROKER_METRICS_URL)")
     p.add_argument("--no-broker", action="store_true", help="do not read RabbitMQ's own metrics")
     p.add_argument("--top", type=int, default=20, help="domains shown (default 20; --json shows all)")

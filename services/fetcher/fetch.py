@@ -326,28 +326,13 @@ async def warm_up(policy: Policy, user_agent: str) -> FetchResult:
     async with server:
         client = make_client(proxy=None, guard=guard, user_agent=user_agent, connect_timeout=5, read_timeout=5)
         async with client:
-            return await fetch(
-                client,
-                f"http://127.0.0.1:{port}/",
-                domain="127.0.0.1",
-                guard=guard,
-                proxy=None,
-                policy=policy,
-                total_timeout=5,
-                max_body_bytes=1024,
-                on_time=lambda: True,
-            )
+            return await fetch(client, f"http://127.0.0.1:{port}/", domain="127.0.0.1", guard=guard, proxy=None,
+                               policy=policy, total_timeout=5, max_body_bytes=1024, on_time=lambda: True)
 
 
 FAILURES = (
-    ForbiddenTarget,
-    ResolveError,
-    BodyTooLarge,
-    BadEncoding,
-    TimeoutError,
-    httpx.TransportError,
-    httpx.DecodingError,
-    httpx.InvalidURL,
+    ForbiddenTarget, ResolveError, BodyTooLarge, BadEncoding, TimeoutError,
+    httpx.TransportError, httpx.DecodingError, httpx.InvalidURL,
 )
 
 

@@ -816,15 +816,8 @@ class Governor(Service):
         """Read every fixed queue's depth for `hutch_queue_depth`, the frontier's shards as one."""
         topology = self.broker.topology
         # fetch.ready's depth is read four times a second already (`_poll_ready_depth`).
-        fixed = [
-            topology.parse,
-            topology.store,
-            topology.dlq,
-            topology.ledger,
-            topology.paused,
-            topology.unrouted,
-            *(topology.tier_exchange(d) for d in topology.delays),
-        ]
+        fixed = [topology.parse, topology.store, topology.dlq, topology.ledger,
+                 topology.paused, topology.unrouted, *(topology.tier_exchange(d) for d in topology.delays)]
         channel = await self.broker.channel()
         while True:
             depths: dict[str, int] = {}
@@ -847,12 +840,8 @@ class Governor(Service):
         label = self.metrics.domains.peek
         topology = self.broker.topology
         depths = {topology.fetch_ready.removeprefix(topology.prefix): self.core.ready_depth, **self._depths}
-        yield gauge(
-            "hutch_queue_depth",
-            "Messages ready in a queue (frontier: all shards)",
-            ["queue"],
-            (((name,), float(n)) for name, n in depths.items()),
-        )
+        yield gauge("hutch_queue_depth", "Messages ready in a queue (frontier: all shards)", ["queue"],
+                    (((name,), float(n)) for name, n in depths.items()))
         backlog: dict[str, int] = {}
         oldest: list[tuple[str, float]] = []
         for domain, line in self.lines.items():
@@ -860,44 +849,21 @@ class Governor(Service):
             submitted = [h.task.submitted_at for jl in line.jobs.values() for h in jl.held]
             if submitted:
                 oldest.append((label(domain), max(0.0, now - min(submitted))))
-        yield gauge(
-            "hutch_oldest_task_age_seconds",
-            "Age of the oldest task waiting for a permit, by domain",
-            ["domain"],
-            (((d,), v) for d, v in by_label(oldest, max).items()),
-        )
-        yield gauge(
-            "hutch_domain_backlog",
-            "Tasks waiting for a permit (held and parked), by domain",
-            ["domain"],
-            (
-                ((d,), v)
-                for d, v in by_label(((label(d), float(n)) for d, n in backlog.items()), lambda a, b: a + b).items()
-            ),
-        )
+        yield gauge("hutch_oldest_task_age_seconds", "Age of the oldest task waiting for a permit, by domain",
+                    ["domain"], (((d,), v) for d, v in by_label(oldest, max).items()))
+        yield gauge("hutch_domain_backlog", "Tasks waiting for a permit (held and parked), by domain", ["domain"],
+                    (((d,), v) for d, v in by_label(((label(d), float(n)) for d, n in backlog.items()),
+                                                    lambda a, b: a + b).items()))
         rates = ((label(domain), self.core.rate_of(domain)) for domain in self.core.queues)
-        yield gauge(
-            "hutch_domain_rate",
-            "Current fetch rate allowed, requests per second, by domain",
-            ["domain"],
-            (((d,), v) for d, v in by_label(rates, lambda a, b: a + b).items()),
-        )
+        yield gauge("hutch_domain_rate", "Current fetch rate allowed, requests per second, by domain", ["domain"],
+                    (((d,), v) for d, v in by_label(rates, lambda a, b: a + b).items()))
         wanted, in_flight = self.core.demand(backlog)
-        yield gauge(
-            "hutch_fetch_slots_wanted",
-            "Fetch slots the limits would keep busy now, over domains with backlog",
-            [],
-            [((), wanted)],
-        )
-        yield gauge(
-            "hutch_fetches_in_flight", "Fetches in flight for the domains with backlog", [], [((), float(in_flight))]
-        )
-        yield gauge(
-            "hutch_fetch_demand",
-            "Slots wanted minus fetches in flight: above 0, the fleet holds limits back",
-            [],
-            [((), wanted - in_flight)],
-        )
+        yield gauge("hutch_fetch_slots_wanted", "Fetch slots the limits would keep busy now, over domains with backlog",
+                    [], [((), wanted)])
+        yield gauge("hutch_fetches_in_flight", "Fetches in flight for the domains with backlog", [],
+                    [((), float(in_flight))])
+        yield gauge("hutch_fetch_demand", "Slots wanted minus fetches in flight: above 0, the fleet holds limits back",
+                    [], [((), wanted - in_flight)])
 
     async def _tick(self) -> None:
         sweeps = 0
@@ -967,7 +933,9 @@ class Governor(Service):
             return
         batch, self._releases = EventBatch(events=self._releases), []
         try:
-            await self.broker.publish(self.broker.topology.events, RELEASED, batch, headers={GOVERNOR_HEADER: self.id})
+            await self.broker.publish(
+                self.broker.topology.events, RELEASED, batch, headers={GOVERNOR_HEADER: self.id}
+            )
         except PublishFailed as exc:
             log.warning("%d released events not published: %s", len(batch.events), exc)
 

@@ -138,9 +138,8 @@ class ProxyManager(Service):
         for pid, proxy in selector.proxies.items():
             state = "dead" if selector.health.is_dead(pid) else "alive"
             counts[(proxy.tier, state)] = counts.get((proxy.tier, state), 0.0) + 1
-        yield gauge(
-            "hutch_proxies", "Proxies in the pool, by tier and state (alive, dead)", ["tier", "state"], counts.items()
-        )
+        yield gauge("hutch_proxies", "Proxies in the pool, by tier and state (alive, dead)", ["tier", "state"],
+                    counts.items())
         bans: dict[tuple[str], float] = {}
         for (pid, _), pair in selector.health.pairs.items():
             banned = selector.proxies.get(pid)

@@ -133,15 +133,8 @@ class Storer(Service):
             except InvalidURL as exc:
                 raise Dead("invalid_submission", f"URL {n} of {len(submission.urls)}: {exc}") from None
         try:
-            await submit(
-                self.broker,
-                self.store,
-                submission.job,
-                iter(submission.urls),
-                submission.spec,
-                tier_floor=submission.tier_floor,
-                max_url_bytes=max_bytes,
-            )
+            await submit(self.broker, self.store, submission.job, iter(submission.urls), submission.spec,
+                         tier_floor=submission.tier_floor, max_url_bytes=max_bytes)
         except Exception as exc:
             if is_outage(exc):
                 log.warning("store unavailable; submission requeued: %s", exc)

@@ -90,7 +90,9 @@ async def running_services(settings: Settings, sandbox: Sandbox, extra_env: dict
 
 
 @pytest.fixture
-async def services(settings: Settings, sandbox: Sandbox, extra_env: dict[str, str]) -> AsyncIterator[Services]:
+async def services(
+    settings: Settings, sandbox: Sandbox, extra_env: dict[str, str]
+) -> AsyncIterator[Services]:
     async with running_services(settings, sandbox, extra_env) as running:
         yield running
 

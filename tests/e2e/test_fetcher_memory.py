@@ -51,10 +51,8 @@ async def test_the_fetcher_stays_under_256_mib_while_2_gib_gzip_bombs_go_dead_to
     took = time.monotonic() - started
     after = peak_rss(process.pid)
     assert services.supervisor.child("fetcher.1").process is process  # the same process, alive
-    print(
-        f"\n2 GiB gzip and stacked bombs: job done in {took:.2f}s; fetcher peak RSS "
-        f"{before / 2**20:.1f} MiB before, {after / 2**20:.1f} MiB after"
-    )
+    print(f"\n2 GiB gzip and stacked bombs: job done in {took:.2f}s; fetcher peak RSS "
+          f"{before / 2**20:.1f} MiB before, {after / 2**20:.1f} MiB after")
     assert counts.pending == 0 and counts.dead == 2, counts
     store = Store(settings.store_location)
     try:

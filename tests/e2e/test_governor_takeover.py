@@ -38,7 +38,9 @@ def tuned(settings: Settings) -> Settings:
 
 
 def env(settings: Settings, box: Sandbox) -> dict[str, str]:
-    return service_env(settings, HUTCH_ALLOWED_TARGETS=",".join(box.allowed_targets()), HUTCH_USE_PROXY_MANAGER="false")
+    return service_env(
+        settings, HUTCH_ALLOWED_TARGETS=",".join(box.allowed_targets()), HUTCH_USE_PROXY_MANAGER="false"
+    )
 
 
 def counts(settings: Settings, job: str) -> JobCounts:
@@ -138,7 +140,9 @@ async def test_a_sigkilled_governor_is_replaced_and_the_new_one_resumes_every_do
 async def test_a_standby_governor_takes_over_when_the_active_one_dies_without_a_burst(settings: Settings) -> None:
     settings = tuned(settings)
     async with sandbox(SITES) as box:
-        workers = Supervisor(env(settings, box), fetchers=2, services=("fetcher", "parser", "storer"), out=None)
+        workers = Supervisor(
+            env(settings, box), fetchers=2, services=("fetcher", "parser", "storer"), out=None
+        )
         active = Supervisor(env(settings, box), services=("governor",), restart=False, out=None)
         standby = Supervisor(env(settings, box), services=("governor",), restart=False, out=None)
         try:

@@ -163,7 +163,9 @@ async def run_job(settings: Settings) -> Run:
     finally:
         store.close()
     urls = {row: check_url(url).url for row, url in urls.items()}  # as submit stores them
-    results = {row: Result(url, tasks[url]["state"], dead.get(url), items.get(url)) for row, url in urls.items()}
+    results = {
+        row: Result(url, tasks[url]["state"], dead.get(url), items.get(url)) for row, url in urls.items()
+    }
     return Run(final, results, long_domain, long_queue, depth)
 
 

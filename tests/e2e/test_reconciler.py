@@ -106,7 +106,9 @@ def reconciler_view(settings: Settings, job: str) -> tuple[list[dict[str, object
         store.close()
 
 
-async def test_a_task_whose_message_was_lost_is_rescued_and_ends_stored(settings: Settings, sandbox: Sandbox) -> None:
+async def test_a_task_whose_message_was_lost_is_rescued_and_ends_stored(
+    settings: Settings, sandbox: Sandbox
+) -> None:
     site = sandbox.sites["north"]
     urls = site.urls()[:4]
     without_fetcher = tuple(s for s in SERVICES if s != "fetcher")

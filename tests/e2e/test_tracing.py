@@ -85,7 +85,9 @@ class Receiver:
                 attrs = {a.key: a.value.string_value for a in resource_spans.resource.attributes}
                 for scope in resource_spans.scope_spans:
                     for span in scope.spans:
-                        task = next((a.value.string_value for a in span.attributes if a.key == "hutch.task.id"), None)
+                        task = next(
+                            (a.value.string_value for a in span.attributes if a.key == "hutch.task.id"), None
+                        )
                         values = tuple(
                             (a.key, a.value.string_value if a.value.HasField("string_value") else a.value.int_value)
                             for a in span.attributes
@@ -130,16 +132,9 @@ async def test_every_span_of_a_task_shares_one_trace_from_submit_to_store(
     urls_file.write_text("\n".join(urls) + "\n")
     env = {**settings.to_env(os.environ), **extra_env}
     submit = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-c",
-        "from hutch.services.control.cli import main; main()",
-        "submit",
-        str(urls_file),
-        "--job",
-        "traced",
-        env=env,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
+        sys.executable, "-c", "from hutch.services.control.cli import main; main()",
+        "submit", str(urls_file), "--job", "traced",
+        env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )
     _, err = await asyncio.wait_for(submit.communicate(), 60)
     assert submit.returncode == 0, err.decode()

@@ -57,16 +57,7 @@ async def watch(settings: Settings, ports: dict[str, int], window: float, **env:
     """`hutch watch --once --json` as a user runs it, on this deployment's ports and store."""
     urls = [arg for port in ports.values() for arg in ("--metrics", f"http://127.0.0.1:{port}/metrics")]
     process = await asyncio.create_subprocess_exec(
-        HUTCH,
-        "watch",
-        "--once",
-        "--json",
-        "--no-broker",
-        "--window",
-        str(window),
-        "--interval",
-        "1",
-        *urls,
+        HUTCH, "watch", "--once", "--json", "--no-broker", "--window", str(window), "--interval", "1", *urls,
         env=service_env(settings, **env),
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
@@ -88,9 +79,8 @@ async def test_a_domain_that_starts_blocking_mid_job_is_flagged_as_a_retry_spike
 ) -> None:
     steady, other = sandbox.sites["steady"].base_url, sandbox.sites["other"].base_url
     async with running_services(settings, sandbox, {}) as services:
-        await submit_urls(
-            settings, "spike", [f"{steady}/page/{n}" for n in range(40)] + [f"{other}/page/{n}" for n in range(10)]
-        )
+        await submit_urls(settings, "spike", [f"{steady}/page/{n}" for n in range(40)]
+                          + [f"{other}/page/{n}" for n in range(10)])
         await services.wait_for("spike", lambda c: c.stored >= 10, timeout=60)
         # The other site starts answering every request with a block page.
         await submit_urls(settings, "spike-2", [f"{other}/block?n={n}" for n in range(15)])
@@ -125,11 +115,8 @@ async def test_a_domain_that_dead_letters_everything_is_flagged(
 ) -> None:
     steady, other = sandbox.sites["steady"].base_url, sandbox.sites["other"].base_url
     async with running_services(settings, sandbox, {}) as services:
-        await submit_urls(
-            settings,
-            "dying",
-            [f"{steady}/page/{n}" for n in range(20)] + [f"{other}/status/404?n={n}" for n in range(20)],
-        )
+        await submit_urls(settings, "dying", [f"{steady}/page/{n}" for n in range(20)]
+                          + [f"{other}/status/404?n={n}" for n in range(20)])
         await services.wait_for("dying", lambda c: c.dead >= 2, timeout=60)
         view = await watch(settings, metrics_ports, 4.0)
     assert ("dead_letters", domain(sandbox, "other")) in flagged(view), view["flags"]

@@ -98,19 +98,10 @@ async def test_the_fetchers_client_fetches_random_hosts_under_a_wildcard_and_ref
     async with client:
         for i, host in enumerate(hosts + OUTSIDE):
             checked = check_url(site.host_url(host, f"/page/{i}"))
-            results[host] = (
-                checked,
-                await fetch(
-                    client,
-                    checked.url,
-                    domain=checked.domain,
-                    guard=guard,
-                    proxy=None,
-                    policy=policy,
-                    total_timeout=10,
-                    max_body_bytes=1 << 20,
-                ),
-            )
+            results[host] = (checked, await fetch(
+                client, checked.url, domain=checked.domain, guard=guard, proxy=None, policy=policy,
+                total_timeout=10, max_body_bytes=1 << 20,
+            ))
     counts = sandbox.host_stats()
     for i, host in enumerate(hosts):
         checked, result = results[host]
@@ -138,9 +129,8 @@ async def test_a_job_over_random_hosts_under_a_wildcard_is_stored_and_hosts_outs
     # Only the wildcard entries: not the sandbox's own 127.0.0.1:PORT, which would let any name through.
     env = service_env(settings)
     assert env["HUTCH_ALLOWED_TARGETS"] == f"*.{SUFFIX}:{site.port}"
-    supervisor = Supervisor(
-        env, fetchers=1, grace=settings.shutdown_grace, out=sys.stderr if os.environ.get("HUTCH_TEST_LOGS") else None
-    )
+    supervisor = Supervisor(env, fetchers=1, grace=settings.shutdown_grace,
+                            out=sys.stderr if os.environ.get("HUTCH_TEST_LOGS") else None)
     await supervisor.start()
     try:
         await supervisor.wait_ready(timeout=60)

@@ -247,7 +247,9 @@ async def test_rpc_answers_many_concurrent_calls_by_correlation(broker: Broker) 
 async def test_rpc_call_with_no_server_times_out(broker: Broker) -> None:
     client = await RpcClient(broker).start()
     with pytest.raises(asyncio.TimeoutError):
-        await client.call(broker.topology.rpc_proxy, LeaseRequest(task_id="x", domain="d"), Lease, timeout=0.5)
+        await client.call(
+            broker.topology.rpc_proxy, LeaseRequest(task_id="x", domain="d"), Lease, timeout=0.5
+        )
 
 
 async def test_declaring_the_topology_twice_is_harmless(broker: Broker) -> None:

@@ -47,25 +47,12 @@ async def get(
     assert sandbox.ca is not None
     guard = TargetGuard(sandbox.allowed_targets())
     client = make_client(
-        proxy=proxy,
-        guard=guard,
-        user_agent="test",
-        connect_timeout=2,
-        read_timeout=5,
+        proxy=proxy, guard=guard, user_agent="test", connect_timeout=2, read_timeout=5,
         ca_file=str(sandbox.ca.write(tmp_path / "ca.pem")),
     )
     async with client:
-        return await fetch(
-            client,
-            url,
-            domain="d",
-            guard=guard,
-            proxy=proxy,
-            policy=POLICY,
-            total_timeout=10,
-            max_body_bytes=1 << 20,
-            on_time=on_time,
-        )
+        return await fetch(client, url, domain="d", guard=guard, proxy=proxy, policy=POLICY,
+                           total_timeout=10, max_body_bytes=1 << 20, on_time=on_time)
 
 
 def without_credentials(url: str) -> str:
@@ -95,9 +82,8 @@ async def test_a_502_signed_by_the_proxy_is_a_proxy_failure(sandbox: Sandbox, tm
     assert (result.outcome, result.status) == ("proxy_failure", 502)
 
 
-@pytest.mark.parametrize(
-    ("path", "outcome"), [("/hostile/origin-407", "client_error"), ("/hostile/origin-proxy-status", "server_error")]
-)
+@pytest.mark.parametrize(("path", "outcome"), [("/hostile/origin-407", "client_error"),
+                                               ("/hostile/origin-proxy-status", "server_error")])
 @pytest.mark.parametrize("site", ["plain", "secure"])
 async def test_the_sites_own_407_or_proxy_status_is_the_sites_answer(
     sandbox: Sandbox, tmp_path: Path, site: str, path: str, outcome: str
@@ -107,21 +93,15 @@ async def test_the_sites_own_407_or_proxy_status_is_the_sites_answer(
         assert result.outcome == outcome, (proxy, result)
 
 
-async def test_a_destination_the_proxy_cannot_reach_is_not_the_proxys_failure(sandbox: Sandbox, tmp_path: Path) -> None:
+async def test_a_destination_the_proxy_cannot_reach_is_not_the_proxys_failure(
+    sandbox: Sandbox, tmp_path: Path
+) -> None:
     guard_free = "http://127.0.0.1:1/"  # nothing listens there
     proxy = sandbox.proxies["open"].url
     guard = TargetGuard(["127.0.0.1:1"])
     async with make_client(proxy=proxy, guard=guard, user_agent="t", connect_timeout=2, read_timeout=5) as client:
-        result = await fetch(
-            client,
-            guard_free,
-            domain="d",
-            guard=guard,
-            proxy=proxy,
-            policy=POLICY,
-            total_timeout=10,
-            max_body_bytes=1 << 20,
-        )
+        result = await fetch(client, guard_free, domain="d", guard=guard, proxy=proxy, policy=POLICY,
+                             total_timeout=10, max_body_bytes=1 << 20)
     assert (result.outcome, result.status) == ("server_error", 502)
 
 
@@ -136,16 +116,8 @@ async def test_through_a_proxy_the_guard_checks_the_idna_host_that_is_sent(sandb
     guard = Recording()
     proxy = sandbox.proxies["open"].url
     async with httpx.AsyncClient(proxy=proxy, trust_env=False) as client:
-        result = await fetch(
-            client,
-            "http://Bücher.example/",
-            domain="d",
-            guard=guard,
-            proxy=proxy,
-            policy=POLICY,
-            total_timeout=5,
-            max_body_bytes=1024,
-        )
+        result = await fetch(client, "http://Bücher.example/", domain="d", guard=guard, proxy=proxy, policy=POLICY,
+                             total_timeout=5, max_body_bytes=1024)
     assert result.outcome == "forbidden_target"
     assert seen == ["xn--bcher-kva.example"]
     assert not sandbox.proxy_log("open")  # refused before anything was sent
@@ -200,13 +172,8 @@ async def test_through_a_tunnel_nothing_reaches_the_proxy_when_the_first_step_is
 ) -> None:
     answers = iter([False])  # asked once: a second question would raise StopIteration
     with pytest.raises(NotSent):
-        await get(
-            sandbox,
-            sandbox.sites["secure"].page_url(0),
-            sandbox.proxies["open"].url,
-            tmp_path,
-            on_time=lambda: next(answers),
-        )
+        await get(sandbox, sandbox.sites["secure"].page_url(0), sandbox.proxies["open"].url, tmp_path,
+                  on_time=lambda: next(answers))
     assert site_requests(sandbox, "secure") == []
     assert not sandbox.proxy_log("open")
 
@@ -218,13 +185,8 @@ async def test_a_slow_tunnel_after_the_first_step_does_not_withdraw_the_request(
     # site's TLS, the request inside): still sent, since a remote proxy's round trips are the
     # network's time (withdrawn there, every request on a new tunnel would be, for ever).
     answers = iter([True, False, False, False])
-    result = await get(
-        sandbox,
-        sandbox.sites["secure"].page_url(1),
-        sandbox.proxies["open"].url,
-        tmp_path,
-        on_time=lambda: next(answers),
-    )
+    result = await get(sandbox, sandbox.sites["secure"].page_url(1), sandbox.proxies["open"].url, tmp_path,
+                       on_time=lambda: next(answers))
     assert (result.outcome, result.status) == ("ok", 200)
     assert site_requests(sandbox, "secure") == ["/page/1"]
 

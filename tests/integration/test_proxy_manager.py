@@ -64,15 +64,8 @@ class Harness:
     async def outcome(self, lease: Lease, outcome: str, domain: str = "shop", task: str = "t") -> None:
         assert self.client is not None
         event = Event(
-            kind="outcome",
-            task_id=task,
-            job="j",
-            domain=domain,
-            attempt=1,
-            outcome=outcome,
-            proxy_id=lease.proxy_id,
-            tier=lease.tier,
-            cost=lease.cost,
+            kind="outcome", task_id=task, job="j", domain=domain, attempt=1,
+            outcome=outcome, proxy_id=lease.proxy_id, tier=lease.tier, cost=lease.cost,
         )
         key = outcome_key(domain, proxied=lease.proxy_id is not None)
         await self.client.publish(self.client.topology.events, key, event)
@@ -252,7 +245,9 @@ async def test_a_dead_proxy_is_probed_back_once_it_answers_again(settings: Setti
         pool_file.write_text(sandbox.proxy_file_text())
         probe_url = sandbox.sites["probe"].base_url + "/status/204"
         h = Harness(
-            with_pool(settings, pool_file, proxy_dead_after=2, proxy_probe_url=probe_url, proxy_probe_interval=0.5)
+            with_pool(
+                settings, pool_file, proxy_dead_after=2, proxy_probe_url=probe_url, proxy_probe_interval=0.5
+            )
         )
         manager = await h.start()
         try:

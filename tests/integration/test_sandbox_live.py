@@ -380,7 +380,8 @@ async def test_stop_closes_hanging_connections_promptly() -> None:
 async def test_the_command_line_writes_seed_files_and_stops_on_sigterm(tmp_path: Path) -> None:
     config = tmp_path / "sandbox.yaml"
     config.write_text(
-        "sites:\n  - {name: books, pages: 3}\nproxies:\n  - {name: dc1, tier: datacenter, source: 127.0.1.1}\n",
+        "sites:\n  - {name: books, pages: 3}\n"
+        "proxies:\n  - {name: dc1, tier: datacenter, source: 127.0.1.1}\n",
         encoding="utf-8",
     )
     ready, urls, proxies = tmp_path / "ready.json", tmp_path / "urls.txt", tmp_path / "proxies.txt"
@@ -403,7 +404,9 @@ async def test_the_command_line_writes_seed_files_and_stops_on_sigterm(tmp_path:
     try:
         info = await asyncio.to_thread(wait_for_ready_file, ready, 15)
         assert info["urls_file"] == str(urls)
-        assert urls.read_text().splitlines() == [f"{info['sites']['books']['base_url']}/page/{i}" for i in range(3)]
+        assert urls.read_text().splitlines() == [
+            f"{info['sites']['books']['base_url']}/page/{i}" for i in range(3)
+        ]
         assert proxies.read_text() == f"{info['proxies']['dc1']['url']} datacenter\n"
         async with client() as http:
             assert (await http.get(f"{info['sites']['books']['base_url']}/page/1")).status_code == 200

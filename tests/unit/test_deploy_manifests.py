@@ -160,15 +160,8 @@ def test_parsers_scale_on_the_depth_of_the_parse_queue(manifests: list[Manifest]
 # The prometheus trigger's metadata, as KEDA's documentation lists it (keda.sh, "Prometheus"
 # scaler, v2.13): a field outside this set is ignored by KEDA, silently.
 KEDA_PROMETHEUS_FIELDS = {
-    "serverAddress",
-    "query",
-    "queryParameters",
-    "threshold",
-    "activationThreshold",
-    "namespace",
-    "customHeaders",
-    "ignoreNullValues",
-    "unsafeSsl",
+    "serverAddress", "query", "queryParameters", "threshold", "activationThreshold", "namespace",
+    "customHeaders", "ignoreNullValues", "unsafeSsl",
 }
 
 

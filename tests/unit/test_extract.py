@@ -99,7 +99,9 @@ def test_a_spec_gives_exactly_its_fields_and_not_the_defaults() -> None:
 
 
 def test_a_selector_without_text_gives_the_element_markup() -> None:
-    assert extract(PAGE, URL, 200, spec_of({"p": "css:p.desc"})) == {"p": '<p class="desc">A teapot. Quiet.</p>'}
+    assert extract(PAGE, URL, 200, spec_of({"p": "css:p.desc"})) == {
+        "p": '<p class="desc">A teapot. Quiet.</p>'
+    }
 
 
 def test_an_xpath_number_result_is_returned_as_text() -> None:

@@ -109,4 +109,4 @@ def test_nothing_is_a_proxy_failure_without_a_proxy() -> None:
 
 def test_a_huge_proxy_status_is_read_within_bounds() -> None:
     assert first_proxy_status("a" * 100_000 + "; error=x")[1] == {}
-    assert first_proxy_status('px; error=oops; details="x"') == ("px", {"error": "oops", "details": "x"})
+    assert first_proxy_status("px; error=oops; details=\"x\"") == ("px", {"error": "oops", "details": "x"})

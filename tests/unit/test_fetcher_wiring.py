@@ -35,16 +35,8 @@ def task(**fields: object) -> Task:
 
 
 async def route(f: Fetcher, t: Task, result: FetchResult) -> None:
-    decision = decide(
-        result,
-        t.attempts,
-        t.history,
-        f.policy,
-        f.broker.topology.retry_delays,
-        lambda: 0.5,
-        redirects=t.redirects,
-        url=t.fetch_url or t.url,
-    )
+    decision = decide(result, t.attempts, t.history, f.policy, f.broker.topology.retry_delays, lambda: 0.5,
+                      redirects=t.redirects, url=t.fetch_url or t.url)
     await f._route(t, Lease(direct=True), result, decision)
 
 
@@ -88,10 +80,7 @@ async def test_a_redirect_goes_back_to_the_frontier_for_the_new_domain_unspent(
     moved = sent.as_(Task)
     assert sent.routing_key == broker.topology.shard_key("other.example")
     assert (moved.fetch_url, moved.domain, moved.redirects, moved.attempts) == (
-        "http://other.example/b",
-        "other.example",
-        1,
-        0,
+        "http://other.example/b", "other.example", 1, 0,
     )
     (published,) = broker.to(broker.topology.events)
     assert published.as_(Event).next == "frontier"

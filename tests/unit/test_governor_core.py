@@ -17,6 +17,8 @@ UA = "Hutch/0.1"
 D = "a.example"
 
 
+
+
 def make_core(
     clock: FakeClock,
     *,
@@ -47,23 +49,13 @@ def task(n: int = 0, domain: str = D, **fields: object) -> Task:
 
 def outcome(t: Task, outcome: str, clock: FakeClock, **fields: object) -> Event:
     permit = t.permit.id if t.permit else None
-    return Event(
-        kind="outcome",
-        task_id=t.id,
-        job=t.job,
-        domain=t.domain,
-        attempt=1,
-        outcome=outcome,
-        permit_id=permit,
-        at=clock.now,
-        **fields,
-    )  # type: ignore[arg-type]
+    return Event(kind="outcome", task_id=t.id, job=t.job, domain=t.domain, attempt=1, outcome=outcome,
+                 permit_id=permit, at=clock.now, **fields)  # type: ignore[arg-type]
 
 
 def released_by(governor: str, n: int, domain: str, clock: FakeClock) -> Event:
-    return Event(
-        kind="released", task_id=f"x{n}", job="j", domain=domain, attempt=0, permit_id=f"{governor}.{n}", at=clock.now
-    )
+    return Event(kind="released", task_id=f"x{n}", job="j", domain=domain, attempt=0,
+                 permit_id=f"{governor}.{n}", at=clock.now)
 
 
 def new_domain(core: Core, domain: str = D) -> None:
@@ -350,9 +342,8 @@ def test_robots_txt_is_fetched_first_with_the_domains_token_and_pages_wait_for_i
     released = core.commit(robots_task, D)
     assert released.permit is not None
     assert core.check(task(), D).action == "wait"
-    core.on_robots(
-        RobotsFetched(domain=D, url=released.url, status=200, text="User-agent: *\nDisallow: /page/1\n", outcome="ok")
-    )
+    core.on_robots(RobotsFetched(domain=D, url=released.url, status=200, text="User-agent: *\nDisallow: /page/1\n",
+                                 outcome="ok"))
     assert core.leases.total == 0
     clock.advance(0.25)
     assert core.check(task(0), D).action == "release"
@@ -375,11 +366,8 @@ def test_pages_wait_for_a_robots_fetch_in_flight_not_for_its_deadline(clock: Fak
 def test_crawl_delay_lowers_the_domains_rate(clock: FakeClock) -> None:
     core = make_core(clock, rate=4.0, robots=True)
     new_domain(core)
-    core.on_robots(
-        RobotsFetched(
-            domain=D, url=f"http://{D}/robots.txt", status=200, text="User-agent: *\nCrawl-delay: 2\n", outcome="ok"
-        )
-    )
+    core.on_robots(RobotsFetched(domain=D, url=f"http://{D}/robots.txt", status=200,
+                                 text="User-agent: *\nCrawl-delay: 2\n", outcome="ok"))
     ks = core.keys[D]
     assert (ks.aimd.ceiling, ks.bucket.rate) == (0.5, 0.5)
 
@@ -388,9 +376,8 @@ def test_a_robots_task_no_longer_needed_is_dropped(clock: FakeClock) -> None:
     core = make_core(clock, robots=True)
     new_domain(core)
     core.on_robots(RobotsFetched(domain=D, url=f"http://{D}/robots.txt", status=404, outcome="not_found"))
-    stale = Task(
-        id=robots_task_id(f"http://{D}"), job="_robots", url=f"http://{D}/robots.txt", domain=D, purpose="robots"
-    )
+    stale = Task(id=robots_task_id(f"http://{D}"), job="_robots", url=f"http://{D}/robots.txt", domain=D,
+                 purpose="robots")
     assert core.check(stale, D).action == "drop"
 
 

@@ -71,16 +71,8 @@ async def test_with_every_slot_in_use_a_task_waits_at_the_gate_until_an_outcome_
     await asyncio.sleep(0.3)  # several turns of the dispatcher: the fleet's one slot is taken
     assert not second.done() and len(released(broker)) == 1
     assert first.permit is not None
-    outcome = Event(
-        kind="outcome",
-        task_id="t1",
-        job="j",
-        domain="a.example",
-        attempt=1,
-        outcome="ok",
-        permit_id=first.permit.id,
-        next="parse",
-    )
+    outcome = Event(kind="outcome", task_id="t1", job="j", domain="a.example", attempt=1, outcome="ok",
+                    permit_id=first.permit.id, next="parse")
     await g._on_event(delivery(outcome, routing_key=outcome_key("a.example", proxied=False)))
     await asyncio.wait_for(second, 5)
     assert [t.id for t in released(broker)] == ["t1", "t2"]
@@ -102,7 +94,6 @@ async def test_a_robots_task_given_back_takes_no_share_of_its_domain_from_the_jo
     robots_line.held.append(Held(robots, delivery(), 0.0, asyncio.get_running_loop().create_future()))
     assert g._share(domain, line, "j") == pytest.approx(g.core.rate_of(domain))
     # A second job does share it.
-    line.jobs["k"] = JobLine(
-        held=collections.deque([Held(task(2, domain), delivery(), 0.0, asyncio.get_running_loop().create_future())])
-    )
+    line.jobs["k"] = JobLine(held=collections.deque([Held(task(2, domain), delivery(), 0.0,
+                                                          asyncio.get_running_loop().create_future())]))
     assert g._share(domain, line, "j") == pytest.approx(g.core.rate_of(domain) / 2)

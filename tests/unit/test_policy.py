@@ -44,20 +44,9 @@ def test_the_policy_has_a_rule_for_every_outcome_and_no_other() -> None:
 
 @pytest.mark.parametrize(
     ("status", "outcome"),
-    [
-        (200, "ok"),
-        (204, "ok"),
-        (301, "redirect"),
-        (302, "redirect"),
-        (403, "blocked"),
-        (404, "not_found"),
-        (410, "not_found"),
-        (400, "client_error"),
-        (429, "throttled"),
-        (503, "throttled"),
-        (500, "server_error"),
-        (502, "server_error"),
-    ],
+    [(200, "ok"), (204, "ok"), (301, "redirect"), (302, "redirect"), (403, "blocked"), (404, "not_found"),
+     (410, "not_found"), (400, "client_error"), (429, "throttled"), (503, "throttled"), (500, "server_error"),
+     (502, "server_error")],
 )
 def test_status_codes_are_classified(status: int, outcome: str) -> None:
     assert outcome_of_status(status) == outcome
@@ -167,9 +156,8 @@ def test_a_redirect_is_a_new_attempt_through_the_frontier_that_spends_nothing() 
 
 
 def test_a_redirect_to_a_url_the_validator_refuses_is_dead_with_the_hop_named() -> None:
-    decision = decide(
-        result("redirect", location="ftp://b.example/"), 0, [], POLICY, TIERS, redirects=2, url="http://a.example/x"
-    )
+    decision = decide(result("redirect", location="ftp://b.example/"), 0, [], POLICY, TIERS,
+                      redirects=2, url="http://a.example/x")
     assert (decision.action, decision.reason, decision.spend, decision.next_url) == ("dead", "invalid_url", False, None)
     assert decision.detail.startswith("redirect 3 from http://a.example/x: ")
 

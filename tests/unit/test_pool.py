@@ -211,12 +211,8 @@ def test_a_yaml_syntax_error_names_the_line_but_never_quotes_it() -> None:
 
 
 def test_no_error_about_a_line_quotes_the_line() -> None:
-    for line in (
-        "http://alice:hunter2@p.example:1 gold",
-        "http://alice:hunter2@p.example:1 mobile x y",
-        "http://alice:hunter2@p.example:bad",
-        "ftp://alice:hunter2@p.example:1",
-    ):
+    for line in ("http://alice:hunter2@p.example:1 gold", "http://alice:hunter2@p.example:1 mobile x y",
+                 "http://alice:hunter2@p.example:bad", "ftp://alice:hunter2@p.example:1"):
         with pytest.raises(PoolError) as caught:
             parse_pool(line)
         assert "hunter2" not in str(caught.value) and "alice" not in str(caught.value)

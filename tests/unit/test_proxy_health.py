@@ -164,23 +164,15 @@ def test_the_pair_streak_survives_a_restart() -> None:
 
 def test_one_hostile_domain_cannot_empty_the_pool_for_other_domains() -> None:
     clock = FakeClock(1_000_000.0)
-    s = Selector(SelectorConfig(rate_cap=1e6, health=HealthConfig(ban_seconds=60, ban_max=3600, dead_after=3)), clock)
+    s = Selector(
+        SelectorConfig(rate_cap=1e6, health=HealthConfig(ban_seconds=60, ban_max=3600, dead_after=3)), clock
+    )
     s.set_pool(PoolConfig(tuple(Proxy(f"dc{i}", f"http://10.0.1.{i}:8080") for i in range(3))))
     for round_ in range(3):
         for proxy in ("dc0", "dc1", "dc2"):
             clock.advance(0.01)
-            s.report(
-                Event(
-                    kind="outcome",
-                    task_id=f"t{round_}",
-                    job="j",
-                    domain="hostile",
-                    attempt=1,
-                    outcome="proxy_failure",
-                    proxy_id=proxy,
-                    tier="datacenter",
-                )
-            )
+            s.report(Event(kind="outcome", task_id=f"t{round_}", job="j", domain="hostile", attempt=1,
+                           outcome="proxy_failure", proxy_id=proxy, tier="datacenter"))
     assert not any(s.health.is_dead(p) for p in ("dc0", "dc1", "dc2"))
     clock.advance(0.01)
     assert s.lease(LeaseRequest(task_id="x", domain="hostile")).proxy_id is None  # all banned there

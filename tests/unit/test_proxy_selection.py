@@ -492,15 +492,8 @@ def test_a_block_reported_long_after_it_happened_starts_no_ban_that_would_have_e
     clock.advance(120)  # the manager was down; the report waited in the durable events queue
     s.report(
         Event(
-            kind="outcome",
-            task_id="t1",
-            job="j",
-            domain="shop",
-            attempt=1,
-            at=clock.now - 119,
-            outcome="blocked",
-            proxy_id=lease.proxy_id,
-            tier=lease.tier,
+            kind="outcome", task_id="t1", job="j", domain="shop", attempt=1, at=clock.now - 119,
+            outcome="blocked", proxy_id=lease.proxy_id, tier=lease.tier,
         )
     )
     assert ask(s).proxy_id == "dc0"

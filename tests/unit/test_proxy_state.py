@@ -48,14 +48,8 @@ def outcome(s: Selector, domain: str, task: str, result: str) -> str | None:
     lease = s.lease(LeaseRequest(task_id=task, domain=domain))
     s.report(
         Event(
-            kind="outcome",
-            task_id=task,
-            job="j",
-            domain=domain,
-            attempt=1,
-            outcome=result,
-            proxy_id=lease.proxy_id,
-            tier=lease.tier,
+            kind="outcome", task_id=task, job="j", domain=domain, attempt=1,
+            outcome=result, proxy_id=lease.proxy_id, tier=lease.tier,
         )
     )
     return lease.proxy_id
@@ -118,16 +112,8 @@ def test_log_lines_of_changes_name_proxies_by_id_only() -> None:
         lease = s.lease(LeaseRequest(task_id=f"g{i}", domain="guarded"))
         lines += describe(
             s.report(
-                Event(
-                    kind="outcome",
-                    task_id=f"g{i}",
-                    job="j",
-                    domain="guarded",
-                    attempt=1,
-                    outcome="blocked",
-                    proxy_id=lease.proxy_id,
-                    tier=lease.tier,
-                )
+                Event(kind="outcome", task_id=f"g{i}", job="j", domain="guarded", attempt=1,
+                      outcome="blocked", proxy_id=lease.proxy_id, tier=lease.tier)
             )
         )
     assert any("banned on guarded" in line for line in lines)

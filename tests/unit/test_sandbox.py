@@ -176,7 +176,8 @@ def test_fault_rates_follow_the_configured_probabilities() -> None:
 def test_a_retried_url_eventually_gets_through() -> None:
     faults = FaultConfig(error_500=0.5, reset=0.3)
     counts = [
-        next(c for c in range(100) if decide_fault(faults, 7, "books", f"/page/{i}", c) is None) for i in range(100)
+        next(c for c in range(100) if decide_fault(faults, 7, "books", f"/page/{i}", c) is None)
+        for i in range(100)
     ]
     assert max(counts) < 100
     assert any(count > 0 for count in counts)

@@ -21,7 +21,9 @@ def write(tmp_path: Path, text: str) -> Path:
 
 
 def test_the_string_form_gives_a_first_match_rule_of_its_kind() -> None:
-    spec = parse_spec({"fields": {"title": "css:title::text", "price": "xpath://span[@class='price']/text()"}})
+    spec = parse_spec(
+        {"fields": {"title": "css:title::text", "price": "xpath://span[@class='price']/text()"}}
+    )
     assert spec.fields["title"] == FieldRule(kind="css", expr="title::text", many=False)
     assert spec.fields["price"] == FieldRule(kind="xpath", expr="//span[@class='price']/text()", many=False)
 

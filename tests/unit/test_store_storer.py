@@ -36,7 +36,9 @@ def task(n: int = 1) -> Task:
 async def storer(tmp_path: Path) -> AsyncIterator[Storer]:
     service = Storer(Settings(data_dir=tmp_path))
     service.store = await AsyncStore(service.settings.store_location).open()
-    service.writer = GroupWriter(service.store.run, batch=16, wait=0.0, retry_seconds=0.3, clock=time.monotonic).start()
+    service.writer = GroupWriter(
+        service.store.run, batch=16, wait=0.0, retry_seconds=0.3, clock=time.monotonic
+    ).start()
     yield service
     await service.writer.close()
     await service.store.close()

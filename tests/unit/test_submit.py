@@ -68,7 +68,9 @@ def test_the_refusal_says_why_the_line_is_invalid(tmp_path: Path, line: str, why
 
 
 def test_skip_invalid_collects_the_skipped_lines_with_number_text_and_reason(tmp_path: Path) -> None:
-    path = url_file(tmp_path, "http://a.example/1\nftp://b.example/\n# comment\nhttp://c.example/3\nhttp:///x\n")
+    path = url_file(
+        tmp_path, "http://a.example/1\nftp://b.example/\n# comment\nhttp://c.example/3\nhttp:///x\n"
+    )
     checked = check_urls(path, skip_invalid=True)
     assert checked.valid == 2
     assert [(number, text) for number, text, _ in checked.skipped] == [
@@ -159,14 +161,8 @@ def test_the_refusal_escapes_the_name() -> None:
 
 @pytest.mark.parametrize(
     ("file", "job"),
-    [
-        ("urls.txt", "urls"),
-        ("my urls!.txt", "my-urls-"),
-        (".hidden.txt", "hidden"),
-        ("...txt", "job"),
-        ("x" * 150 + ".txt", "x" * 100),
-        ("b\u00fccher.txt", "b-cher"),
-    ],
+    [("urls.txt", "urls"), ("my urls!.txt", "my-urls-"), (".hidden.txt", "hidden"), ("...txt", "job"),
+     ("x" * 150 + ".txt", "x" * 100), ("b\u00fccher.txt", "b-cher")],
 )
 def test_the_default_job_name_from_a_file_name_is_always_valid(file: str, job: str) -> None:
     assert default_job_name(Path(file)) == job

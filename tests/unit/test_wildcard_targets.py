@@ -267,6 +267,7 @@ def test_the_guard_resolves_and_lets_through_hosts_under_a_wildcard_and_refuses_
             asyncio.run(guard.check(host, 8000))
 
 
+
 def test_an_allowed_wildcard_lets_through_only_its_own_port() -> None:
     guard = TargetGuard(["*.wide.test:8000"], overrides=parse_overrides("*.wide.test:*:127.0.0.1"))
     assert asyncio.run(guard.check("d1.wide.test", 8000)) == ["127.0.0.1"]
