@@ -145,91 +145,49 @@ class Metrics:
     proxy-manager's pool) add a collector (`collect`).
     """
 
-    fetches = _Family(
-        lambda: Counter(
-            "hutch_fetches",
-            "Attempts that reached a fetch, by domain and outcome",
-            ["domain", "outcome"],
-            registry=None,
-        )
-    )
-    retries = _Family(
-        lambda: Counter(
-            "hutch_retries",
-            "Tasks sent to a delay tier to be tried again, by domain and reason",
-            ["domain", "reason"],
-            registry=None,
-        )
-    )
-    dead_letters = _Family(
-        lambda: Counter(
-            "hutch_dead_letters",
-            "Tasks and messages that went dead, by domain, stage and reason",
-            ["domain", "stage", "reason"],
-            registry=None,
-        )
-    )
+    fetches = _Family(lambda: Counter(
+        "hutch_fetches", "Attempts that reached a fetch, by domain and outcome", ["domain", "outcome"], registry=None
+    ))
+    retries = _Family(lambda: Counter(
+        "hutch_retries", "Tasks sent to a delay tier to be tried again, by domain and reason", ["domain", "reason"],
+        registry=None,
+    ))
+    dead_letters = _Family(lambda: Counter(
+        "hutch_dead_letters", "Tasks and messages that went dead, by domain, stage and reason",
+        ["domain", "stage", "reason"], registry=None,
+    ))
     permits = _Family(lambda: Counter("hutch_permits", "Fetch permits issued, by domain", ["domain"], registry=None))
-    permit_wait = _Family(
-        lambda: Histogram(
-            "hutch_permit_wait_seconds",
-            "Time a task waited in the governor for its permit",
-            buckets=AGE_BUCKETS,
-            registry=None,
-        )
-    )
-    task_age = _Family(
-        lambda: Histogram(
-            "hutch_task_age_seconds",
-            "Age of a task (since it was submitted) when it is fetched",
-            buckets=AGE_BUCKETS,
-            registry=None,
-        )
-    )
-    fetch_seconds = _Family(
-        lambda: Histogram(
-            "hutch_fetch_duration_seconds",
-            "Time one fetch took, by proxy tier (direct: no proxy)",
-            ["tier"],
-            buckets=FETCH_BUCKETS,
-            registry=None,
-        )
-    )
-    proxy_requests = _Family(
-        lambda: Counter(
-            "hutch_proxy_requests", "Requests sent, by proxy tier (direct: no proxy)", ["tier"], registry=None
-        )
-    )
-    leases = _Family(
-        lambda: Counter(
-            "hutch_proxy_leases", "Proxy leases given (none: no proxy usable then), by tier", ["tier"], registry=None
-        )
-    )
+    permit_wait = _Family(lambda: Histogram(
+        "hutch_permit_wait_seconds", "Time a task waited in the governor for its permit", buckets=AGE_BUCKETS,
+        registry=None,
+    ))
+    task_age = _Family(lambda: Histogram(
+        "hutch_task_age_seconds", "Age of a task (since it was submitted) when it is fetched", buckets=AGE_BUCKETS,
+        registry=None,
+    ))
+    fetch_seconds = _Family(lambda: Histogram(
+        "hutch_fetch_duration_seconds", "Time one fetch took, by proxy tier (direct: no proxy)", ["tier"],
+        buckets=FETCH_BUCKETS, registry=None,
+    ))
+    proxy_requests = _Family(lambda: Counter(
+        "hutch_proxy_requests", "Requests sent, by proxy tier (direct: no proxy)", ["tier"], registry=None
+    ))
+    leases = _Family(lambda: Counter(
+        "hutch_proxy_leases", "Proxy leases given (none: no proxy usable then), by tier", ["tier"], registry=None
+    ))
     stored = _Family(lambda: Counter("hutch_items_stored", "Items written to the store", registry=None))
-    api_requests = _Family(
-        lambda: Counter(
-            "hutch_api_requests",
-            "API requests, by route (its template), method and status",
-            ["route", "method", "status"],
-            registry=None,
-        )
-    )
-    parsed = _Family(
-        lambda: Counter(
-            "hutch_pages_parsed",
-            "Pages the parser finished, by outcome (ok, or the parse failure's reason)",
-            ["outcome"],
-            registry=None,
-        )
-    )
-    parse_seconds = _Family(
-        lambda: Histogram(
-            "hutch_parse_duration_seconds",
-            "Time extracting one page took, in a parse worker and waiting for one",
-            buckets=FETCH_BUCKETS,
-            registry=None,
-        )
-    )
+    api_requests = _Family(lambda: Counter(
+        "hutch_api_requests", "API requests, by route (its template), method and status", ["route", "method", "status"],
+        registry=None,
+    ))
+    parsed = _Family(lambda: Counter(
+        "hutch_pages_parsed", "Pages the parser finished, by outcome (ok, or the parse failure's reason)",
+        ["outcome"], registry=None,
+    ))
+    parse_seconds = _Family(lambda: Histogram(
+        "hutch_parse_duration_seconds", "Time extracting one page took, in a parse worker and waiting for one",
+        buckets=FETCH_BUCKETS, registry=None,
+    ))
 
     def __init__(self, top_domains: int = 50) -> None:
         self.registry = CollectorRegistry(auto_describe=True)

@@ -126,23 +126,9 @@ class Permit(Model):
 # and the cost report read. Events and a task's history also name why a task went back
 # unspent (`permit_late`, `no_proxy`...), so their `outcome` fields are plain text.
 Outcome = Literal[
-    "ok",
-    "timeout",
-    "reset",
-    "proxy_failure",
-    "blocked",
-    "throttled",
-    "server_error",
-    "redirect",
-    "not_found",
-    "client_error",
-    "too_large",
-    "bad_encoding",
-    "redirects",
-    "invalid_url",
-    "forbidden_target",
-    "crashed",
-    "error",
+    "ok", "timeout", "reset", "proxy_failure", "blocked", "throttled", "server_error", "redirect",
+    "not_found", "client_error", "too_large", "bad_encoding", "redirects", "invalid_url", "forbidden_target",
+    "crashed", "error",
 ]
 OUTCOMES: tuple[Outcome, ...] = get_args(Outcome)
 _OUTCOME_BY_NAME: dict[str, Outcome] = {outcome: outcome for outcome in OUTCOMES}
@@ -222,12 +208,8 @@ class Task(Model):
         return self.trace_id
 
     def span_attributes(self) -> dict[str, str | int]:
-        return {
-            "hutch.job": self.job,
-            "hutch.task.id": self.id,
-            "hutch.domain": self.domain,
-            "hutch.attempt": self.attempts,
-        }
+        return {"hutch.job": self.job, "hutch.task.id": self.id, "hutch.domain": self.domain,
+                "hutch.attempt": self.attempts}
 
 
 MAX_SUBMISSION_URLS = 1000  # URLs in one intake message: a big file goes as many messages
@@ -356,12 +338,8 @@ class Event(Model):
         return self.trace_id
 
     def span_attributes(self) -> dict[str, str | int]:
-        return {
-            "hutch.job": self.job,
-            "hutch.task.id": self.task_id,
-            "hutch.domain": self.domain,
-            "hutch.attempt": self.attempt,
-        }
+        return {"hutch.job": self.job, "hutch.task.id": self.task_id, "hutch.domain": self.domain,
+                "hutch.attempt": self.attempt}
 
 
 class Rescued(Model):
