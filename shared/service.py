@@ -91,9 +91,7 @@ class Service:
         await self.start()
         log.info(
             "%s ready (broker %s, namespace %s, event loop %s)",
-            self.name,
-            self.settings.safe_amqp_url,
-            self.settings.namespace,
+            self.name, self.settings.safe_amqp_url, self.settings.namespace,
             type(loop).__module__.split(".")[0],  # uvloop or asyncio
         )
         await self.stopping.wait()

@@ -33,42 +33,26 @@ def timeline(found: dict[str, Any]) -> list[dict[str, Any]]:
         {"at": task["created_at"], "service": "control", "outcome": "submitted", "trace_id": trace_id}
     ]
     for a in found["attempts"]:
-        rows.append(
-            {
-                "at": a["at"],
-                "service": f"fetcher {a['fetcher']}" if a.get("fetcher") else "fetcher",
-                "attempt": a["n"],
-                "outcome": a["outcome"],
-                "status": a["status"],
-                "proxy_id": a["proxy_id"],
-                "tier": a["tier"],
-                "elapsed": a["elapsed"],
-                "delay": a["delay"],
-                "next": a["next"],
-                "trace_id": a.get("trace_id") or trace_id,
-                "span_id": a.get("span_id"),
-            }
-        )
+        rows.append({
+            "at": a["at"],
+            "service": f"fetcher {a['fetcher']}" if a.get("fetcher") else "fetcher",
+            "attempt": a["n"],
+            "outcome": a["outcome"],
+            "status": a["status"],
+            "proxy_id": a["proxy_id"],
+            "tier": a["tier"],
+            "elapsed": a["elapsed"],
+            "delay": a["delay"],
+            "next": a["next"],
+            "trace_id": a.get("trace_id") or trace_id,
+            "span_id": a.get("span_id"),
+        })
     if found["item"] is not None:
-        rows.append(
-            {
-                "at": found["item"]["stored_at"],
-                "service": "storer",
-                "outcome": "stored",
-                "status": found["item"]["status"],
-                "trace_id": trace_id,
-            }
-        )
+        rows.append({"at": found["item"]["stored_at"], "service": "storer", "outcome": "stored",
+                     "status": found["item"]["status"], "trace_id": trace_id})
     for d in found["dead"]:
-        rows.append(
-            {
-                "at": d["dead_at"],
-                "service": SERVICE_OF_STAGE.get(d["stage"], d["stage"]),
-                "outcome": f"dead ({d['reason']})",
-                "detail": d["detail"],
-                "trace_id": trace_id,
-            }
-        )
+        rows.append({"at": d["dead_at"], "service": SERVICE_OF_STAGE.get(d["stage"], d["stage"]),
+                     "outcome": f"dead ({d['reason']})", "detail": d["detail"], "trace_id": trace_id})
         if d["replayed_at"] is not None:
             rows.append({"at": d["replayed_at"], "service": "control", "outcome": "replayed", "trace_id": trace_id})
     rows.sort(key=lambda row: row["at"])

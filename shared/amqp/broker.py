@@ -106,7 +106,9 @@ async def declare_queue(channel: AbstractChannel, spec: QueueSpec) -> AbstractQu
     return queue
 
 
-async def queue_depth(channel: AbstractChannel | aiormq.abc.AbstractChannel, queue: str) -> tuple[int, int] | None:
+async def queue_depth(
+    channel: AbstractChannel | aiormq.abc.AbstractChannel, queue: str
+) -> tuple[int, int] | None:
     """(ready messages, consumers) of `queue` by a passive declare; None if it cannot be seen.
 
     The one depth reader, on an aio-pika channel or a raw one (`Broker.raw_channel`). The
@@ -212,7 +214,12 @@ class Broker:
     def ready(self) -> bool:
         """Connected (not between a loss and aio-pika's reconnect) and consuming."""
         connection = self.connection
-        return connection is not None and connection.connected.is_set() and bool(self._consumers) and not self._stopped
+        return (
+            connection is not None
+            and connection.connected.is_set()
+            and bool(self._consumers)
+            and not self._stopped
+        )
 
     @property
     def in_flight(self) -> int:

@@ -82,4 +82,4 @@ async def test_a_robots_txt_never_sent_counts_as_unreachable_and_its_pages_end_d
     for letter in dead.values():
         assert letter["reason"] == "robots"
         assert "unreachable" in letter["detail"]
-    assert [r.path for r in sandbox.log] == []  # not even robots.txt was sent
+    assert [r.path for r in sandbox.log] == []

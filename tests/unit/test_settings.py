@@ -120,7 +120,9 @@ def test_retry_delays_given_as_a_sequence_are_sorted_and_deduplicated_too() -> N
 
 
 @pytest.mark.parametrize("value", ["", ",", "0", "0,5", "-1,5", "1,-30"])
-def test_retry_delays_without_only_positive_values_are_refused(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+def test_retry_delays_without_only_positive_values_are_refused(
+    monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
     monkeypatch.setenv("HUTCH_RETRY_DELAYS", value)
     with pytest.raises(ValidationError, match="positive delay"):
         Settings()

@@ -15,7 +15,9 @@ JOB = "books"
 
 
 def make_task(url: str, job: str = JOB, attempts: int = 0) -> Task:
-    return Task(id=task_id(job, url), job=job, url=url, domain="example.com", attempts=attempts, submitted_at=1.0)
+    return Task(
+        id=task_id(job, url), job=job, url=url, domain="example.com", attempts=attempts, submitted_at=1.0
+    )
 
 
 def row(task: Task) -> tuple[str, str, str, str]:
@@ -146,7 +148,9 @@ def test_add_tasks_with_nothing_returns_nothing(store: Store) -> None:
     assert store.add_tasks([]) == []
 
 
-def test_a_resubmit_returns_only_tasks_still_new_and_ignores_duplicates(store: Store, a: Task, b: Task) -> None:
+def test_a_resubmit_returns_only_tasks_still_new_and_ignores_duplicates(
+    store: Store, a: Task, b: Task
+) -> None:
     store.add_tasks([row(a), row(b)])
     store.mark_queued([a.id])
     c = make_task("http://example.com/c")

@@ -20,12 +20,7 @@ JOB = "books"
 def make_task(url: str = "http://example.com/a", incarnation: int = 0) -> Task:
     # The trace id pinned as the id is: every copy of one task is in one trace.
     return Task(
-        id=task_id(JOB, url),
-        job=JOB,
-        url=url,
-        domain="example.com",
-        submitted_at=1.0,
-        incarnation=incarnation,
+        id=task_id(JOB, url), job=JOB, url=url, domain="example.com", submitted_at=1.0, incarnation=incarnation,
         trace_id=task_id(JOB, url),
     )
 
