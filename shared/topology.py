@@ -189,6 +189,7 @@ class Topology:
         self.paused = p + "frontier.paused"
         self.jobs = p + "jobs"
         self.released_log = p + "released.log"
+        self.proxy_state = p + "proxy-state"
 
     # -- arguments -----------------------------------------------------------------
 
@@ -333,6 +334,17 @@ class Topology:
             QueueSpec(self.paused, work),
             # Every job's state changes, read whole by each governor and the storer.
             QueueSpec(self.jobs, {"x-queue-type": "stream", "x-max-length-bytes": 64 * 1024 * 1024}),
+            # The active proxy-manager's snapshots (bans, dead proxies, learned tiers): a manager
+            # started anywhere, or a standby taking over, reads the newest. Small segments, so
+            # retention drops old snapshots soon.
+            QueueSpec(
+                self.proxy_state,
+                {
+                    "x-queue-type": "stream",
+                    "x-max-length-bytes": 16 * 1024 * 1024,
+                    "x-stream-max-segment-size-bytes": 1024 * 1024,
+                },
+            ),
             # The released events of the last while: a governor that starts reads the last
             # permit lifetimes of releases before it releases anything (see the governor).
             QueueSpec(

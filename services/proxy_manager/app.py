@@ -33,6 +33,7 @@ from hutch.settings import Settings
 
 log = logging.getLogger(__name__)
 SAVE_EVERY = 0.25  # seconds between a change and its write to the state file, at most
+STREAM_EVERY = 2.0  # seconds between two snapshots on the broker's stream, at least
 
 
 class ConfigurationError(SystemExit):
@@ -74,6 +75,11 @@ class ProxyManager(Service):
         self.pool_file = PoolFile(settings.proxy_file) if settings.proxy_file else None
         self.state_path = Path(settings.data_dir) / state.FILENAME
         self._saved_version = -1
+        self._published_version = -1
+        self._published_at = 0.0
+        self._restored_at = 0.0  # saved_at of the snapshot restored last (0: none)
+        self._active = False  # answered a lease: this manager's state is the one to keep
+        self._activating = asyncio.Lock()
         self._tasks: list[asyncio.Task[None]] = []
         self._reload_now = asyncio.Event()
 
@@ -86,7 +92,9 @@ class ProxyManager(Service):
             if not pool.proxies:
                 raise ConfigurationError(f"proxy-manager: the proxy file {self.pool_file.path} lists no proxy")
             self.selector.set_pool(pool)
-            if state.load_into(self.selector, self.state_path):
+            if await self._restore_from_broker():
+                pass
+            elif state.load_into(self.selector, self.state_path):
                 log.info("state restored from %s: %s", self.state_path, self.selector.summary())
             self._saved_version = self.selector.version
             log.info(
@@ -117,13 +125,34 @@ class ProxyManager(Service):
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         if self.pool_file is not None:
-            await self._save()
+            await self._save(final=True)
 
     # -- the two message flows ----------------------------------------------------------------
+
+    async def _restore_from_broker(self) -> bool:
+        data = await state.newest(self.broker)
+        if data is None or data["saved_at"] <= self._restored_at:
+            return False
+        state.restore(self.selector, data)
+        self._restored_at = data["saved_at"]
+        log.info("state restored from the broker (saved %.0fs ago): %s", time.time() - data["saved_at"],
+                 self.selector.summary())
+        return True
+
+    async def _become_active(self) -> None:
+        """The first lease this manager answers: it is the active one now (the lease queue has
+        one consumer at a time). A standby taking over reads the state its predecessor left."""
+        async with self._activating:
+            if self._active:
+                return
+            await self._restore_from_broker()
+            self._active = True
 
     async def _lease(self, request: LeaseRequest) -> Lease:
         if self.pool_file is None:
             return Lease(direct=True, valid_for=self.settings.direct_lease_seconds or None)
+        if not self._active:
+            await self._become_active()
         lease = self.selector.lease(request)
         self.metrics.leases.labels(lease.tier or ("direct" if lease.direct else "none")).inc()
         return lease
@@ -187,22 +216,33 @@ class ProxyManager(Service):
         )
         return True
 
-    async def _save(self) -> None:
+    async def _save(self, final: bool = False) -> None:
         version = self.selector.version
         data = state.snapshot(self.selector)
         try:
             await asyncio.to_thread(state.write_atomically, self.state_path, data)
         except OSError as exc:
             log.warning("proxy-manager state not saved to %s: %s", self.state_path, exc.strerror)
-            return
-        self._saved_version = version
+        else:
+            self._saved_version = version
+        due = final or time.monotonic() - self._published_at >= STREAM_EVERY
+        if self._active and version != self._published_version and due:
+            try:
+                await state.publish(self.broker, data)
+            except Exception as exc:  # the broker is away: the next save tries again
+                log.warning("proxy-manager state not published: %s", type(exc).__name__)
+                return
+            self._published_version = version
+            self._published_at = time.monotonic()
 
     async def _save_loop(self) -> None:
         last_full = time.monotonic()
         while True:
             await asyncio.sleep(SAVE_EVERY)
             # Bans, deaths and tier changes at once; health drifts, so every 30 s is enough for it.
-            if self.selector.version != self._saved_version or time.monotonic() - last_full > 30:
+            changed = self.selector.version != self._saved_version
+            unpublished = self._active and self.selector.version != self._published_version
+            if changed or unpublished or time.monotonic() - last_full > 30:
                 await self._save()
                 last_full = time.monotonic()
 

@@ -8,18 +8,28 @@ temporary file in the same folder, flushed to disk, then renamed over the old on
 after every change, and read back at start. Only proxy ids and domains are written, never a
 proxy URL. In-flight details (the rate cap's spacing, a tier trial in progress) are not kept:
 they last seconds.
+
+The file is on the manager's own disk, which a pod re-created on another node, or a standby
+there, does not have. So the active manager also appends its snapshot to a stream on the
+broker (`<namespace>.v3.proxy-state`, every `STREAM_EVERY` seconds at most while it changes,
+and at stop), and a manager reads the newest one there at start and again when it answers
+its first lease (a standby becoming active), before the file. A standby that has answered no
+lease publishes nothing, so it never overwrites the active one's state with its own.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
+from hutch.amqp import Broker, Delivery
+from hutch.models import DecodeError, Model
 from hutch.services.proxy_manager.leases import Selector
 
 log = logging.getLogger(__name__)
@@ -44,6 +54,50 @@ def restore(selector: Selector, data: dict[str, Any]) -> None:
         return
     selector.health.restore(data.get("health") or {})
     selector.tiers.restore(data.get("tiers") or [])
+
+
+class Snapshot(Model):
+    """A manager's state as it travels on the stream."""
+
+    v: Literal[1] = 1
+    saved_at: float
+    health: dict[str, Any]
+    tiers: list[Any]
+
+
+async def publish(broker: Broker, data: dict[str, Any]) -> None:
+    await broker.publish("", broker.topology.proxy_state, Snapshot.model_validate(data))
+
+
+async def newest(broker: Broker, idle: float = 0.5) -> dict[str, Any] | None:
+    """The newest snapshot on the stream (read from its last chunk), or None."""
+    found: list[Snapshot] = []
+    seen = asyncio.Event()
+    channel = await broker.channel(prefetch=100)
+    try:
+        queue = await channel.declare_queue(broker.topology.proxy_state, passive=True)
+
+        async def on_record(message: Delivery) -> None:
+            with contextlib.suppress(DecodeError):
+                found.append(broker.decode(message.body, message.content_encoding, Snapshot))
+            seen.set()
+
+        await broker.listen(channel, queue.name, on_record, arguments={"x-stream-offset": "last"}, ack=True)
+        while True:
+            seen.clear()
+            try:
+                await asyncio.wait_for(seen.wait(), idle)
+            except TimeoutError:
+                break
+    except Exception as exc:  # no stream yet, or the broker went: the file is next
+        log.warning("proxy-manager state not read from the broker: %s", type(exc).__name__)
+        return None
+    finally:
+        with contextlib.suppress(Exception):
+            await channel.close()
+    if not found:
+        return None
+    return max(found, key=lambda snapshot: snapshot.saved_at).model_dump()
 
 
 def write_atomically(path: Path, data: dict[str, Any]) -> None:

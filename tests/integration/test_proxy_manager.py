@@ -175,6 +175,55 @@ async def test_bans_and_tiers_survive_a_restart_of_the_manager(harness: Harness,
         assert lease.tier == "datacenter" and lease.proxy_id != ban.proxy_id
 
 
+async def test_a_manager_re_created_without_its_disk_gets_its_bans_and_tiers_from_the_broker(
+    harness: Harness, settings: Settings, tmp_path: Path
+) -> None:
+    manager = await harness.start()
+    for task in ("a", "b"):
+        await asyncio.sleep(0.2)
+        lease = await harness.lease(task=task)
+        await harness.outcome(lease, "blocked", task=task)
+    await eventually(lambda: manager.selector.tiers.level("shop") == 1)
+    ban = await harness.lease(domain="news", task="n")
+    await harness.outcome(ban, "blocked", domain="news", task="n")
+    await eventually(lambda: manager.selector.health.banned_until(ban.proxy_id, "news", time.time()))
+    await harness.stop_manager()  # publishes its last snapshot
+
+    # Another pod, on another node: a data folder of its own, empty.
+    harness.settings = harness.settings.model_copy(update={"data_dir": tmp_path / "elsewhere"})
+    again = await harness.start()
+    assert not (tmp_path / "elsewhere" / state.FILENAME).exists()
+    assert again.selector.tiers.level("shop") == 1
+    assert (await harness.lease(task="after")).tier == "residential"
+    for i in range(3):
+        await asyncio.sleep(0.15)
+        lease = await harness.lease(domain="news", task=f"n{i}")
+        assert lease.proxy_id != ban.proxy_id
+
+
+async def test_a_standby_that_never_answered_publishes_nothing_and_takes_the_state_over_when_it_does(
+    harness: Harness, settings: Settings, tmp_path: Path
+) -> None:
+    active = await harness.start()
+    standby = ProxyManager(harness.settings.model_copy(update={"data_dir": tmp_path / "standby"}))
+    await standby.connect(wait=False)
+    await standby.start()  # waits behind the active one on the lease queue
+    try:
+        for task in ("a", "b"):
+            await asyncio.sleep(0.2)
+            lease = await harness.lease(task=task)
+            await harness.outcome(lease, "blocked", task=task)
+        await eventually(lambda: active.selector.tiers.level("shop") == 1)
+        await asyncio.sleep(0.5)
+        assert not standby._active and standby._published_version == -1
+        await harness.stop_manager()  # the active one goes; the standby answers from now on
+        assert (await harness.lease(task="after")).tier == "residential"
+        assert standby._active and standby.selector.tiers.level("shop") == 1
+        assert standby._restored_at > 0  # it took the state its predecessor published
+    finally:
+        await standby.shutdown()
+
+
 async def test_a_changed_pool_file_is_used_without_a_restart(harness: Harness, pool_file: Path) -> None:
     manager = await harness.start()
     await asyncio.to_thread(pool_file.write_text, pool_text("http://10.9.3.1:8080 mobile 0.01"))
