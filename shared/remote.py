@@ -118,13 +118,17 @@ class Remote:
     def job(self, job: str) -> dict[str, Any]:
         return dict(self._call("GET", f"/jobs/{_seg(job)}"))
 
-    def items(self, job: str) -> Iterator[bytes]:
-        """The job's items as the API streams them: JSON lines, each ending in a newline."""
+    def items(self, job: str, form: str = "jsonl") -> Iterator[bytes]:
+        """The job's items as the API streams them: JSON lines (or CSV rows with `form="csv"`,
+        the header first), each ending in a newline."""
         try:
-            with self.http.stream("GET", f"/jobs/{_seg(job)}/items") as answer:
+            with self.http.stream("GET", f"/jobs/{_seg(job)}/items", params={"format": form}) as answer:
                 if answer.status_code >= 400:
                     answer.read()
                     self._check(answer)
+                if form != "jsonl":  # CSV may hold line breaks inside quoted cells: as it comes
+                    yield from answer.iter_bytes()
+                    return
                 # Split on newlines only: JSON escapes every other line break, and httpx's
                 # iter_lines would also split on U+2028 and U+0085 inside a string.
                 rest = b""

@@ -386,6 +386,14 @@ class Store:
         )
         return [str(row[0]) for row in rows]
 
+    def job_spec(self, name: str) -> dict[str, Any] | None:
+        """The spec the job was submitted with (as recorded), None when none was."""
+        row = self.db.execute("SELECT spec FROM jobs WHERE name = ?", (name,)).fetchone()
+        if row is None or row[0] is None:
+            return None
+        found = json.loads(row[0])
+        return found if isinstance(found, dict) else None
+
     def job_state(self, name: str) -> tuple[str, float] | None:
         """(state, weight) of a job, None for a job the store does not know."""
         row = self.db.execute("SELECT state, weight FROM jobs WHERE name = ?", (name,)).fetchone()

@@ -25,7 +25,7 @@ import tempfile
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, FastAPI, File, Form, Query, Request, UploadFile
 from fastapi.exceptions import RequestValidationError
@@ -37,6 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from hutch.amqp import PublishFailed
 from hutch.models import DEFAULT_TOP, MAX_TOP, SortKey, Spec, StatusRequest
 from hutch.models import task_id as task_id_of
+from hutch.services.control import exports
 from hutch.services.control.dlq import replay_with
 from hutch.services.control.jobs import (
     Action,
@@ -48,7 +49,6 @@ from hutch.services.control.jobs import (
 )
 from hutch.services.control.submit import JobNameError, UrlFileError, check_job_name, check_urls, submissions
 from hutch.services.control.submit import valid_urls as file_urls
-from hutch.services.control.terminal import json_text
 from hutch.services.control.timeline import timeline
 from hutch.services.governor.status import domain_report
 from hutch.services.parser.spec import SpecError, parse_spec, spec_from_bytes
@@ -356,16 +356,17 @@ async def job_status(api: Service, job: str) -> JobStatus:
     response_class=StreamingResponse,
     responses={200: {"content": {"application/x-ndjson": {}}, "description": "one item a line"}},
 )
-async def items(api: Service, job: str) -> StreamingResponse:
-    """A job's items as JSON lines, streamed from the store in constant memory."""
+async def items(api: Service, job: str, format: Literal["jsonl", "csv"] = "jsonl") -> StreamingResponse:
+    """A job's items as JSON lines (or CSV: `url`, the spec's fields, then any other key, with
+    a header row), streamed from the store in constant memory."""
     if not await _store(api, lambda s: s.job_exists(job)):
         raise Refused(404, f"no job named {job!r} in the store", "job")
     if api.streams.locked():
         raise Refused(503, f"{MAX_STREAMS} item streams are being read already; try again shortly")
     await api.streams.acquire()
-    return StreamingResponse(
-        _stream_items(api.settings.store_location, job, api.streams.release), media_type="application/x-ndjson"
-    )
+    media = "text/csv; charset=utf-8" if format == "csv" else "application/x-ndjson"
+    reader = _stream_items(api.settings.store_location, job, format, api.streams.release)
+    return StreamingResponse(reader, media_type=media)
 
 
 def _remove(job: str) -> Callable[[Store], dict[str, int] | None]:
@@ -536,23 +537,23 @@ def _field(loc: Any) -> str:
 
 
 def _read_items(
-    location: str, job: str, put: Callable[[bytes | BaseException | None], None], stop: threading.Event
+    location: str, job: str, form: str, put: Callable[[bytes | BaseException | None], None], stop: threading.Event
 ) -> None:
-    """On a thread of its own: the job's items as chunks of JSON lines through `put`, then
-    None (or the error); returns early once `stop` is set (the client went away)."""
+    """On a thread of its own: the job's items as chunks of lines (JSON or CSV) through `put`,
+    then None (or the error); returns early once `stop` is set (the client went away)."""
     try:
         store = Store(location)
         try:
             lines: list[str] = []
-            for item in store.items(job):
+            for line in exports.lines(store, job, form):
                 if stop.is_set():
                     return
-                lines.append(json_text(item))
+                lines.append(line)
                 if len(lines) >= ITEM_CHUNK:
-                    put(("\n".join(lines) + "\n").encode())
+                    put("".join(lines).encode())
                     lines = []
             if lines:
-                put(("\n".join(lines) + "\n").encode())
+                put("".join(lines).encode())
         finally:
             store.close()
         put(None)
@@ -561,7 +562,7 @@ def _read_items(
             put(exc)
 
 
-async def _stream_items(location: str, job: str, done: Callable[[], None]) -> AsyncIterator[bytes]:
+async def _stream_items(location: str, job: str, form: str, done: Callable[[], None]) -> AsyncIterator[bytes]:
     """The job's items as JSON lines, read with a store of their own (a long read must not
     hold the API's store), at most a few chunks ahead of the client; `done` at the end."""
     loop = asyncio.get_running_loop()
@@ -571,7 +572,7 @@ async def _stream_items(location: str, job: str, done: Callable[[], None]) -> As
     def put(value: bytes | BaseException | None) -> None:
         asyncio.run_coroutine_threadsafe(queue.put(value), loop).result()
 
-    threading.Thread(target=_read_items, args=(location, job, put, stop), name="items", daemon=True).start()
+    threading.Thread(target=_read_items, args=(location, job, form, put, stop), name="items", daemon=True).start()
     try:
         while (chunk := await queue.get()) is not None:
             if isinstance(chunk, BaseException):

@@ -31,7 +31,7 @@ from hutch.amqp import Broker, BrokerUnreachable, PublishFailed, queue_depth
 from hutch.models import DEFAULT_TOP, MAX_PATTERN, MAX_TOP, SORT_KEYS, Spec, StatusRequest
 from hutch.remote import RemoteError
 from hutch.services import ALL, SERVICES, service_class
-from hutch.services.control import dlq, overapi, storecopy, timeline, watch
+from hutch.services.control import dlq, exports, overapi, storecopy, timeline, watch
 from hutch.services.control.jobs import (
     Action,
     JobControlError,
@@ -223,23 +223,23 @@ class Progress:
             print(file=self.stream)
 
 
-def _export(store_location: str, job: str, out: Path | None) -> int:
+def _export(store_location: str, job: str, out: Path | None, form: str = "jsonl") -> int:
     store = Store(store_location)
     try:
         if not store.job_exists(job):
             raise UserError(f"no job named {job!r} in the store {redact_url(store_location)}")
-        handle = out.open("w", encoding="utf-8") if out else sys.stdout
-        count = 0
-        try:
-            for item in store.items(job):
-                handle.write(json_text(item) + "\n")
-                count += 1
-        finally:
-            if out:
-                handle.close()
-        return count
+        # newline="": the CSV writer ends its rows with CRLF itself (RFC 4180).
+        with out.open("w", encoding="utf-8", newline="") if out else contextlib.nullcontext(sys.stdout) as handle:
+            return exports.write(store, job, form, handle)
     finally:
         store.close()
+
+
+def _export_format(args: argparse.Namespace) -> str:
+    """`--format`, or what `--out`'s suffix says (`.csv`), else JSON lines."""
+    if args.format:
+        return str(args.format)
+    return "csv" if args.out and args.out.lower().endswith(".csv") else "jsonl"
 
 
 async def _submit_file(
@@ -471,14 +471,16 @@ async def cmd_control(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     settings = _settings()
     out = Path(args.out) if args.out else None
+    form = _export_format(args)
     if settings.api_url:
         overapi.job_rows(settings, args.job)  # an unknown job is refused before any file is opened
-        with out.open("w", encoding="utf-8") if out else contextlib.nullcontext(sys.stdout) as handle:
-            count = overapi.export(settings, args.job, handle)
+        with out.open("w", encoding="utf-8", newline="") if out else contextlib.nullcontext(sys.stdout) as handle:
+            count = overapi.export(settings, args.job, handle, form)
     else:
-        count = _export(settings.store_location, args.job, out)
+        count = _export(settings.store_location, args.job, out, form)
     if out:
-        print(f"exported {count} items to {shown(out)}", file=sys.stderr)
+        what = "the items" if count is None else f"{count} items"
+        print(f"exported {what} to {shown(out)} ({form})", file=sys.stderr)
     return 0
 
 
@@ -810,9 +812,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--verbose", action="store_true", help="show the services' logs")
     p.set_defaults(run=cmd_run, is_async=True)
 
-    p = sub.add_parser("export", help="write a job's items as JSONL")
+    p = sub.add_parser("export", help="write a job's items as JSON lines or CSV, streamed")
     p.add_argument("job")
     p.add_argument("--out", help="file (default: standard output)")
+    p.add_argument(
+        "--format", choices=exports.FORMATS, help="jsonl (default) or csv (the default for an --out ending in .csv)"
+    )
     p.set_defaults(run=cmd_export, is_async=False)
 
     p = sub.add_parser("sandbox", help="serve the local test sites and proxies (loopback only)")

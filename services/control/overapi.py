@@ -5,6 +5,7 @@ prints as its own."""
 
 from __future__ import annotations
 
+import codecs
 import dataclasses
 import tempfile
 from pathlib import Path
@@ -49,13 +50,16 @@ def submit(
         return remote.submit_file(job, valid, spec_text, tier_floor, weight)
 
 
-def export(settings: Settings, job: str, out: IO[str]) -> int:
+def export(settings: Settings, job: str, out: IO[str], form: str = "jsonl") -> int | None:
+    """The items written; None for CSV, which comes as bytes, not a row at a time."""
     count = 0
+    text = codecs.getincrementaldecoder("utf-8")()  # a character may straddle two chunks
     with Remote(settings) as remote:
-        for line in remote.items(job):
-            out.write(line.decode())
+        for chunk in remote.items(job, form):
+            out.write(text.decode(chunk))
             count += 1
-    return count
+    out.write(text.decode(b"", final=True))
+    return count if form == "jsonl" else None
 
 
 def control(settings: Settings, job: str, action: str, weight: float | None) -> None:

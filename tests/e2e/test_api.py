@@ -5,6 +5,8 @@ JSON lines, controls, dead letters, traces, deletes, and the generated OpenAPI d
 from __future__ import annotations
 
 import asyncio
+import csv
+import io
 import json
 import os
 import subprocess
@@ -109,6 +111,10 @@ async def test_a_job_submitted_inline_completes_and_its_items_stream_as_json_lin
     assert len(lines) == status["stored"]
     assert {item["url"] for item in lines} <= set(urls)
     assert all(item["title"] for item in lines)
+    as_csv = await api.get("/jobs/inline/items", params={"format": "csv"})
+    assert as_csv.headers["content-type"].startswith("text/csv")
+    rows = list(csv.reader(io.StringIO(as_csv.text, newline="")))
+    assert rows[0] == ["url", "title"] and len(rows) == 1 + status["stored"]
 
     dead = (await api.get("/dead", params={"job": "inline"})).json()
     [entry] = [e for e in dead["entries"] if e["url"] == missing]

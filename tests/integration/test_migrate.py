@@ -28,8 +28,16 @@ def make_task(path: str, domain: str = "127.0.0.1:9") -> Task:
 
 
 def v2_queues(old: Topology) -> list[QueueSpec]:
-    """The static queues v2 had: the ones of the sharded frontier came with v3, `intake` later."""
-    newer = {old.paused, old.jobs, old.released_log, old.intake, *(spec.name for spec in old.shard_queues)}
+    """The static queues v2 had: the ones of the sharded frontier came with v3, `intake` and
+    `proxy-state` later."""
+    newer = {
+        old.paused,
+        old.jobs,
+        old.released_log,
+        old.intake,
+        old.proxy_state,
+        *(spec.name for spec in old.shard_queues),
+    }
     return [spec for spec in old.queues if spec.name not in newer]
 
 
