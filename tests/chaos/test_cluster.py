@@ -23,6 +23,7 @@ import pytest
 from hutch_sandbox import Sandbox
 
 from hutch.settings import Settings
+from hutch.store import Store
 
 from ..brokers import BrokerNode, available, cookie_home
 from ..e2e.conftest import Services
@@ -74,6 +75,24 @@ def settings(settings: Settings) -> Settings:
     return settings.model_copy(update={"queue_type": "quorum"})
 
 
+def where_they_are(settings: Settings, node: BrokerNode, job: str) -> str:
+    """For a job that did not end: its unfinished tasks with their history, and every queue of
+    the namespace with what it holds, as a surviving node sees them."""
+    store = Store(settings.store_location)
+    try:
+        lines = []
+        for task in store.tasks(job):
+            if task["state"] not in ("stored", "dead"):
+                found = store.timeline(task["id"]) or {}
+                row = found.get("task", {})
+                lines.append(f"task {task}: due_at={row.get('due_at')} attempts={found.get('attempts')}")
+    finally:
+        store.close()
+    queues = node.ctl("list_queues", "name", "messages_ready", "messages_unacknowledged", "consumers")
+    lines += [line for line in queues.splitlines() if settings.namespace in line]
+    return "\n".join(lines)
+
+
 def urls_of(sandbox: Sandbox, pages: int) -> list[str]:
     return [url for site in sandbox.sites.values() for url in site.urls()[:pages]]
 
@@ -88,7 +107,10 @@ async def test_a_job_on_quorum_queues_survives_losing_the_node_every_service_is_
     assert before.pending > 0, "the job finished before the node went down"
     await in_thread(first.stop_app)
     await in_thread(first.kill)
-    await services.wait_done("clustered", timeout=180)
+    try:
+        await services.wait_done("clustered", timeout=180)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{where_they_are(settings, others[0], 'clustered')}") from None
     counts = check_job(settings, sandbox, "clustered", urls)
     assert counts.stored > len(urls) * 0.9, counts
     # Every service moved to a node that is up on its own: none was started again.
