@@ -12,9 +12,9 @@ they last seconds.
 The file is on the manager's own disk, which a pod re-created on another node, or a standby
 there, does not have. So the active manager also appends its snapshot to a stream on the
 broker (`<namespace>.v3.proxy-state`, every `STREAM_EVERY` seconds at most while it changes,
-and at stop), and a manager reads the newest one there at start and again when it answers
-its first lease (a standby becoming active), before the file. A standby that has answered no
-lease publishes nothing, so it never overwrites the active one's state with its own.
+and at stop), and a manager reads the newest one there at start, before the file, and again
+beside its first leases (a standby becoming active). A manager publishes only after that
+second read, so a standby never writes its own state over the active one's.
 """
 
 from __future__ import annotations

@@ -215,11 +215,12 @@ async def test_a_standby_that_never_answered_publishes_nothing_and_takes_the_sta
             await harness.outcome(lease, "blocked", task=task)
         await eventually(lambda: active.selector.tiers.level("shop") == 1)
         await asyncio.sleep(0.5)
-        assert not standby._active and standby._published_version == -1
+        assert not standby._active and standby._published_version == -1  # a standby publishes nothing
         await harness.stop_manager()  # the active one goes; the standby answers from now on
-        assert (await harness.lease(task="after")).tier == "residential"
+        await harness.lease(task="after")  # answered by the standby, which takes over
+        await eventually(lambda: standby._restored_at > 0)  # the state its predecessor published
         assert standby._active and standby.selector.tiers.level("shop") == 1
-        assert standby._restored_at > 0  # it took the state its predecessor published
+        assert (await harness.lease(task="after-2")).tier == "residential"
     finally:
         await standby.shutdown()
 
