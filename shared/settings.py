@@ -471,7 +471,9 @@ def redact_url(url: str) -> str:
     # libpq also takes the password as a parameter (postgresql://u@h/db?password=...).
     query = re.sub(r"(?i)(^|&)(password=)[^&]*", r"\1\2***", parts.query)
     if parts.password is None:
-        return urlunsplit(parts._replace(query=query))
+        # Untouched unless a password parameter was hidden: urlunsplit would turn sqlite:///x
+        # into sqlite:/x.
+        return url if query == parts.query else url.replace("?" + parts.query, "?" + query, 1)
     host = parts.netloc.rpartition("@")[2]  # keeps IPv6 brackets and the port as written
     netloc = f"{parts.username}:***@{host}" if parts.username else host
     return urlunsplit(parts._replace(netloc=netloc, query=query))

@@ -200,3 +200,8 @@ def test_redact_url_hides_a_password_given_as_a_libpq_parameter() -> None:
         redact_url("postgresql://hutch@db:5432/hutch?sslmode=require&password=s3cret")
         == "postgresql://hutch@db:5432/hutch?sslmode=require&password=***"
     )
+
+
+def test_redact_url_leaves_a_url_without_a_password_as_it_is() -> None:
+    assert redact_url("sqlite:///hutch-data/demo/hutch.sqlite3") == "sqlite:///hutch-data/demo/hutch.sqlite3"
+    assert redact_url("postgresql://hutch@db/hutch?sslmode=require") == "postgresql://hutch@db/hutch?sslmode=require"
