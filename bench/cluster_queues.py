@@ -19,13 +19,12 @@ import re
 import statistics
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.brokers import BrokerNode  # noqa: E402
+from tests.brokers import BrokerNode, form_cluster  # noqa: E402
 
 HOME = Path("/var/lib/rabbitmq")  # its .erlang.cookie: the one root's rabbitmqctl uses
 
@@ -60,12 +59,7 @@ def main() -> None:
     args = parser.parse_args()
     nodes = [BrokerNode(name=f"hutch-bench-cluster-{i}", home=HOME) for i in range(3)]
     try:
-        with ThreadPoolExecutor(3) as pool:
-            list(pool.map(lambda node: node.start(120), nodes))
-        for node in nodes[1:]:
-            node.ctl("stop_app")
-            node.ctl("join_cluster", nodes[0].nodename)
-            node.start_app(120)
+        form_cluster(nodes, 120)
         print(f"cluster of {len(nodes)} nodes up; the services use {nodes[0].nodename}", flush=True)
         figures: dict[str, list[tuple[float, float]]] = {"classic": [], "quorum": []}
         for round_ in range(args.runs):

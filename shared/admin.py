@@ -2,7 +2,8 @@
 
 AMQP cannot list queues, so the names come from the topology and, for the per-domain frontier
 queues of before the shards, from their registry (the `domains` stream, deleted too), which
-recorded every domain queue ever created. The tests use this where they cannot have a vhost
+recorded every domain queue ever created (`read_stream` reads a stream, here and for the
+proxy-manager's saved state). The tests use this where they cannot have a vhost
 of their own, so that nothing is left on a broker that outlives the test run.
 """
 
@@ -10,37 +11,53 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from typing import TypeVar
+
+from pydantic import BaseModel
 
 from hutch.amqp import Broker, Delivery
 from hutch.models import DecodeError, DomainRecord
 from hutch.settings import Settings
 
+M = TypeVar("M", bound=BaseModel)
 
-async def registered_domains(broker: Broker, idle: float = 0.5, stream: str | None = None) -> set[str]:
-    """Every domain in the registry stream (`stream`, or this topology's), from its first entry."""
-    found: set[str] = set()
-    channel = await broker.channel(prefetch=1000)
+
+async def read_stream(
+    broker: Broker, stream: str, model: type[M], offset: str = "first", idle: float = 0.5, prefetch: int = 1000
+) -> list[M]:
+    """The records of a stream from `offset` ("first", "last", ...) until none came for `idle`
+    seconds, decoded as `model` (a record that does not decode is skipped). Raises what the
+    broker raises (no such stream, a lost connection)."""
+    found: list[M] = []
+    channel = await broker.channel(prefetch=prefetch)
     try:
-        queue = await channel.declare_queue(stream or broker.topology.domains, passive=True)
+        queue = await channel.declare_queue(stream, passive=True)
         seen = asyncio.Event()
 
         async def on_record(message: Delivery) -> None:
             with contextlib.suppress(DecodeError):
-                found.add(broker.decode(message.body, message.content_encoding, DomainRecord).domain)
+                found.append(broker.decode(message.body, message.content_encoding, model))
             seen.set()
 
-        await broker.listen(channel, queue.name, on_record, arguments={"x-stream-offset": "first"}, ack=True)
+        await broker.listen(channel, queue.name, on_record, arguments={"x-stream-offset": offset}, ack=True)
         while True:
             seen.clear()
             try:
                 await asyncio.wait_for(seen.wait(), idle)
             except TimeoutError:
                 return found
-    except Exception:
-        return found  # no registry: no domain queue was ever created
     finally:
         with contextlib.suppress(Exception):
             await channel.close()
+
+
+async def registered_domains(broker: Broker, idle: float = 0.5, stream: str | None = None) -> set[str]:
+    """Every domain in the registry stream (`stream`, or this topology's), from its first entry."""
+    try:
+        records = await read_stream(broker, stream or broker.topology.domains, DomainRecord, idle=idle)
+    except Exception:
+        return set()  # no registry: no domain queue was ever created
+    return {record.domain for record in records}
 
 
 async def delete_namespace(settings: Settings) -> int:

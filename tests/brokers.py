@@ -354,6 +354,18 @@ class BrokerNode:
         self.cleanup()
 
 
+def form_cluster(nodes: list[BrokerNode], timeout: float = 90.0) -> None:
+    """Start `nodes` (sharing one cookie) together, then join each to the first."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(len(nodes)) as pool:
+        list(pool.map(lambda node: node.start(timeout), nodes))
+    for node in nodes[1:]:
+        node.ctl("stop_app")
+        node.ctl("join_cluster", nodes[0].nodename)
+        node.start_app(timeout)
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

@@ -19,7 +19,6 @@ second read, so a standby never writes its own state over the active one's.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import logging
@@ -28,8 +27,9 @@ import tempfile
 from pathlib import Path
 from typing import Any, Literal
 
-from hutch.amqp import Broker, Delivery
-from hutch.models import DecodeError, Model
+from hutch.admin import read_stream
+from hutch.amqp import Broker
+from hutch.models import Model
 from hutch.services.proxy_manager.leases import Selector
 
 log = logging.getLogger(__name__)
@@ -71,30 +71,11 @@ async def publish(broker: Broker, data: dict[str, Any]) -> None:
 
 async def newest(broker: Broker, idle: float = 0.5) -> dict[str, Any] | None:
     """The newest snapshot on the stream (read from its last chunk), or None."""
-    found: list[Snapshot] = []
-    seen = asyncio.Event()
-    channel = await broker.channel(prefetch=100)
     try:
-        queue = await channel.declare_queue(broker.topology.proxy_state, passive=True)
-
-        async def on_record(message: Delivery) -> None:
-            with contextlib.suppress(DecodeError):
-                found.append(broker.decode(message.body, message.content_encoding, Snapshot))
-            seen.set()
-
-        await broker.listen(channel, queue.name, on_record, arguments={"x-stream-offset": "last"}, ack=True)
-        while True:
-            seen.clear()
-            try:
-                await asyncio.wait_for(seen.wait(), idle)
-            except TimeoutError:
-                break
+        found = await read_stream(broker, broker.topology.proxy_state, Snapshot, "last", idle, prefetch=100)
     except Exception as exc:  # no stream yet, or the broker went: the file is next
         log.warning("proxy-manager state not read from the broker: %s", type(exc).__name__)
         return None
-    finally:
-        with contextlib.suppress(Exception):
-            await channel.close()
     if not found:
         return None
     return max(found, key=lambda snapshot: snapshot.saved_at).model_dump()

@@ -16,7 +16,6 @@ import os
 import shutil
 import tempfile
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -25,7 +24,7 @@ from hutch_sandbox import Sandbox
 from hutch.settings import Settings
 from hutch.store import Store
 
-from ..brokers import BrokerNode, available, cookie_home
+from ..brokers import BrokerNode, available, cookie_home, form_cluster
 from ..e2e.conftest import Services
 from .conftest import check_job, in_thread, submit_job, wait_for_progress
 
@@ -49,12 +48,7 @@ def cluster() -> Iterator[list[BrokerNode]]:
     home = cookie_home(folder / "home")
     nodes = [BrokerNode(name=f"hutch-cluster-{os.getpid()}-{i}", home=home, parent=folder) for i in range(3)]
     try:
-        with ThreadPoolExecutor(3) as pool:
-            list(pool.map(lambda node: node.start(90), nodes))
-        for node in nodes[1:]:
-            node.ctl("stop_app")
-            node.ctl("join_cluster", nodes[0].nodename)
-            node.start_app(90)
+        form_cluster(nodes, 90)
         running = running_nodes(nodes[0])
         assert running == sorted(node.nodename for node in nodes), running
         yield nodes
