@@ -157,17 +157,32 @@ class Attempt(Model):
 
 
 class FieldRule(Model):
-    """One field to extract: a CSS or XPath expression; the first match, or all with `many`."""
+    """One field to extract: a CSS or XPath expression on the page's HTML, or a JMESPath
+    expression on its JSON; the first match, or all with `many`. `re`, with CSS or XPath
+    only, filters the matches through a regular expression (parsel's `.re()`)."""
 
-    kind: Literal["css", "xpath"]
+    kind: Literal["css", "xpath", "jmespath"]
     expr: str
     many: bool = False
+    re: str | None = None
+
+
+ItemType = Literal["string", "number", "integer", "boolean", "list", "object"]
+
+
+class ItemField(Model):
+    """What one field of an item must hold: a JSON type, and whether null is refused."""
+
+    type: ItemType
+    required: bool = False
 
 
 class Spec(Model):
-    """What to extract from a page, by field name (see `hutch.services.parser.spec`)."""
+    """What to extract from a page, by field name (see `hutch.services.parser.spec`), and
+    optionally the types the item's fields must have (`item`, checked after extraction)."""
 
     fields: dict[str, FieldRule]
+    item: dict[str, ItemField] | None = None
 
 
 class Task(Model):

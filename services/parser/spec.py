@@ -1,35 +1,62 @@
 """Job specs: which fields to extract, checked before anything is submitted.
 
-A spec is YAML with a `fields:` mapping. Each field is either a string, `css:SELECTOR` or
-`xpath:EXPR`, which yields the first match, or a mapping `{css: SELECTOR, many: true}`
-(or `xpath:`), which yields every match as a list:
+A spec is YAML with a `fields:` mapping. Each field is either a string, `css:SELECTOR`,
+`xpath:EXPR` or `jmespath:EXPR`, which yields the first match, or a mapping
+`{css: SELECTOR, many: true}` (or `xpath:`, `jmespath:`), which yields every match as a list:
 
     fields:
       title: "css:title::text"
       price: "xpath://span[@class='price']/text()"
       links: {css: "a::attr(href)", many: true}
+      amount: {css: "span.price::text", re: '([0-9.]+)'}
+      sizes: {css: "li.size::text", re: '\\d+', many: true}
+      name: "jmespath:product.name"
+      tags: {jmespath: "product.tags", many: true}
+    item:
+      amount: {type: number, required: true}
+      name: {type: string}
 
-An unknown selector kind or a selector that does not compile is refused with the field's
-name, so a broken spec stops a submit before any URL is queued.
+- `re:` (mapping form only, with `css:` or `xpath:`) filters the selector's matches through a
+  regular expression, as parsel's `.re()` does: the whole match, or the text of its groups
+  (every group, in order), or only the group named `extract` when there is one. With `many:`
+  the field is every match in every selected node, otherwise the first (`.re_first()`); null
+  when nothing matches. Values are stripped at their ends, like every selector's.
+- `jmespath:` reads the page body as JSON and applies the expression. A list result is the
+  matches (the first, or all with `many:`), any other non-null value is one match, null none;
+  values are kept as JSON gave them. A page that is not JSON ends dead as `not_json` (stage
+  `parse`), naming the field.
+- `item:` (optional) gives some fields a type: `string`, `number`, `integer`, `boolean`,
+  `list` or `object`; null is allowed unless `required: true`. The item is checked after
+  extraction, strings converted where the type asks (`"12.50"` to 12.5 for `number`), and an
+  item that does not fit ends dead as `item_invalid` (stage `parse`), naming the field.
+
+An unknown selector kind or key, a selector, regular expression or JMESPath expression that
+does not compile, or an `item:` entry that names no field or an unknown type, is refused with
+the field's name, so a broken spec stops a submit before any URL is queued.
 
 A spec file is outside input, so it is bounded before it is used: at most `MAX_SPEC_BYTES`
 are read, YAML aliases are refused (a "billion laughs" file of a few hundred bytes names
 billions of nodes through nested aliases; nothing here needs them), fields and expressions
-have a count and a length cap, and every error message is one line that quotes at most a
-short prefix of what it refuses.
+(selectors and regular expressions alike) have a count and a length cap, and every error
+message is one line that quotes at most a short prefix of what it refuses. Compiling a
+regular expression does not bound its running time (`(a+)+$` backtracks exponentially): that
+is the parser's time limit per page (pool.py), which ends such a page as `parse_timeout`.
 """
 
 from __future__ import annotations
 
+import re
 import reprlib
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
+import jmespath
+import jmespath.functions
 import yaml
 from parsel import Selector
 from parsel.csstranslator import HTMLTranslator
 
-from hutch.models import FieldRule, Spec
+from hutch.models import FieldRule, ItemField, ItemType, Spec
 
 DEFAULT_FIELDS = ("url", "status", "title")
 MAX_SPEC_BYTES = 64 * 1024
@@ -40,6 +67,8 @@ _TRANSLATOR = HTMLTranslator()
 _REPR = reprlib.Repr()
 _REPR.maxstring = _QUOTE_CHARS
 _REPR.maxother = _QUOTE_CHARS
+KINDS = ("css", "xpath", "jmespath")
+ITEM_TYPES: tuple[str, ...] = get_args(ItemType)
 
 
 class SpecError(ValueError):
@@ -69,21 +98,43 @@ class _SpecLoader(yaml.SafeLoader):
 
 def _rule(field: str, value: Any) -> FieldRule:
     name = _quote(field)
-    many = False
+    many, pattern = False, None
     if isinstance(value, dict):
-        extra = set(value) - {"css", "xpath", "many"}
-        kinds = [kind for kind in ("css", "xpath") if kind in value]
-        if extra or len(kinds) != 1:
-            raise SpecError(f"field {name}: give exactly one of css: or xpath: (and optionally many:)")
-        kind, expr, many = kinds[0], value[kinds[0]], value.get("many", False)
-        if not isinstance(many, bool):
-            raise SpecError(f"field {name}: many: must be true or false, got {_quote(many)}")
+        kind, expr, many, pattern = _mapping(name, value)
     elif isinstance(value, str):
         kind, sep, expr = value.partition(":")
-        if not sep or kind not in ("css", "xpath"):
-            raise SpecError(f"field {name}: unknown selector kind in {_quote(value)}; use css:SELECTOR or xpath:EXPR")
+        if kind == "re" and sep:
+            raise SpecError(
+                f"field {name}: re: filters a selector; use {{css: ..., re: ...}} or {{xpath: ..., re: ...}}"
+            )
+        if not sep or kind not in KINDS:
+            raise SpecError(
+                f"field {name}: unknown selector kind in {_quote(value)}; use css:SELECTOR, xpath:EXPR or jmespath:EXPR"
+            )
     else:
-        raise SpecError(f"field {name}: expected 'css:...' or 'xpath:...', got {type(value).__name__}")
+        raise SpecError(f"field {name}: expected 'css:...', 'xpath:...' or 'jmespath:...', got {type(value).__name__}")
+    _check_expr(name, kind, expr)
+    return FieldRule(kind=kind, expr=expr, many=many, re=pattern)
+
+
+def _mapping(name: str, value: dict[Any, Any]) -> tuple[str, Any, bool, Any]:
+    """(kind, expression, many, re) of a field in the mapping form."""
+    extra = set(value) - {*KINDS, "many", "re"}
+    kinds = [kind for kind in KINDS if kind in value]
+    if extra or len(kinds) != 1:
+        raise SpecError(f"field {name}: give exactly one of css:, xpath: or jmespath: (and optionally many:, re:)")
+    kind, many = kinds[0], value.get("many", False)
+    if not isinstance(many, bool):
+        raise SpecError(f"field {name}: many: must be true or false, got {_quote(many)}")
+    if "re" not in value:
+        return kind, value[kind], many, None
+    if kind == "jmespath":
+        raise SpecError(f"field {name}: re: filters a css: or xpath: result, not jmespath:")
+    _check_pattern(name, value["re"])
+    return kind, value[kind], many, value["re"]
+
+
+def _check_expr(name: str, kind: str, expr: Any) -> None:
     if not isinstance(expr, str) or not expr.strip():
         raise SpecError(f"field {name}: empty selector")
     if len(expr) > MAX_EXPR_CHARS:
@@ -91,31 +142,96 @@ def _rule(field: str, value: Any) -> FieldRule:
     try:
         if kind == "css":
             _TRANSLATOR.css_to_xpath(expr)
-        else:
+        elif kind == "xpath":
             Selector(text="<html/>").xpath(expr)
-    except Exception as exc:
+        else:
+            _check_functions(jmespath.compile(expr).parsed)
+    except Exception as exc:  # each library has errors of its own (and RecursionError when deep)
         raise SpecError(f"field {name}: broken {kind} selector {_quote(expr)}: {_one_line(str(exc), 120)}") from None
-    return FieldRule(kind=kind, expr=expr, many=many)
+
+
+def _check_functions(tree: dict[str, Any]) -> None:
+    """JMESPath checks function names and arities only when it runs: here before."""
+    table = jmespath.functions.Functions.FUNCTION_TABLE
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        stack.extend(child for child in node.get("children", ()) if isinstance(child, dict))
+        if node.get("type") != "function_expression":
+            continue
+        function, given = node["value"], len(node["children"])
+        if function not in table:
+            raise ValueError(f"unknown function {function}()")
+        signature = table[function]["signature"]
+        variadic = bool(signature) and signature[-1].get("variadic", False)
+        if given < len(signature) or (given > len(signature) and not variadic):
+            raise ValueError(f"{function}() takes {len(signature)}{' or more' if variadic else ''} arguments")
+
+
+def _check_pattern(name: str, pattern: Any) -> None:
+    if not isinstance(pattern, str) or not pattern:
+        raise SpecError(f"field {name}: re: must be a non-empty regular expression, got {_quote(pattern)}")
+    if len(pattern) > MAX_EXPR_CHARS:
+        raise SpecError(f"field {name}: re: longer than {MAX_EXPR_CHARS} characters")
+    try:
+        re.compile(pattern)
+    except Exception as exc:  # re.error, and RecursionError or OverflowError on odd patterns
+        raise SpecError(f"field {name}: broken re {_quote(pattern)}: {_one_line(str(exc), 120)}") from None
+
+
+def _item(data: Any, fields: dict[str, FieldRule]) -> dict[str, ItemField]:
+    """The `item:` schema: a known type for fields of the spec, and whether each is required."""
+    if not isinstance(data, dict) or not data:
+        raise SpecError("item: expected a non-empty mapping of field names to {type: ..., required: ...}")
+    schema: dict[str, ItemField] = {}
+    for key, value in data.items():
+        field = str(key)
+        name = _quote(field)
+        if field not in fields:
+            raise SpecError(f"item: field {name} is not among the spec's fields")
+        if not isinstance(value, dict):
+            raise SpecError(f"item: field {name}: expected {{type: ..., required: ...}}, got {type(value).__name__}")
+        unknown = set(value) - {"type", "required"}
+        if unknown:
+            shown = ", ".join(_quote(str(k), 40) for k in sorted(map(str, unknown))[:5])
+            raise SpecError(f"item: field {name}: unknown keys [{shown}]")
+        kind, required = value.get("type"), value.get("required", False)
+        if kind not in ITEM_TYPES:
+            raise SpecError(f"item: field {name}: unknown type {_quote(kind)}; use one of {', '.join(ITEM_TYPES)}")
+        if not isinstance(required, bool):
+            raise SpecError(f"item: field {name}: required: must be true or false, got {_quote(required)}")
+        schema[field] = ItemField(type=kind, required=required)
+    return schema
 
 
 def parse_spec(data: Any, source: str = "spec") -> Spec:
     if not isinstance(data, dict) or not isinstance(data.get("fields"), dict) or not data["fields"]:
         raise SpecError(f"{source}: expected a mapping with a non-empty 'fields:' mapping")
-    unknown = set(data) - {"fields"}
+    unknown = set(data) - {"fields", "item"}
     if unknown:
         shown = ", ".join(_quote(str(key), 40) for key in sorted(map(str, unknown))[:5])
         raise SpecError(f"{source}: unknown keys [{shown}]")
     if len(data["fields"]) > MAX_FIELDS:
         raise SpecError(f"{source}: {len(data['fields'])} fields; at most {MAX_FIELDS}")
     try:
-        return Spec(fields={str(name): _rule(str(name), value) for name, value in data["fields"].items()})
+        fields = {str(name): _rule(str(name), value) for name, value in data["fields"].items()}
+        item = _item(data["item"], fields) if "item" in data else None
     except SpecError as exc:
         raise SpecError(f"{source}: {exc}") from None
+    return Spec(fields=fields, item=item)
 
 
 def spec_document(spec: Spec) -> dict[str, Any]:
     """`spec` in the spec file's form (what `parse_spec` reads back to the same Spec)."""
-    return {"fields": {name: {rule.kind: rule.expr, "many": rule.many} for name, rule in spec.fields.items()}}
+    fields: dict[str, Any] = {}
+    for name, rule in spec.fields.items():
+        fields[name] = {rule.kind: rule.expr, "many": rule.many}
+        if rule.re is not None:
+            fields[name]["re"] = rule.re
+    document: dict[str, Any] = {"fields": fields}
+    if spec.item is not None:
+        document["item"] = {name: {"type": f.type, "required": f.required} for name, f in spec.item.items()}
+    return document
 
 
 def load_spec(path: str | Path) -> Spec:

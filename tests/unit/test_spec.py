@@ -7,8 +7,16 @@ from pathlib import Path
 
 import pytest
 
-from hutch.models import FieldRule
-from hutch.services.parser.spec import MAX_SPEC_BYTES, SpecError, load_spec, parse_spec
+from hutch.models import FieldRule, ItemField, Spec
+from hutch.services.parser.spec import (
+    MAX_EXPR_CHARS,
+    MAX_SPEC_BYTES,
+    SpecError,
+    load_spec,
+    parse_spec,
+    spec_document,
+    spec_from_bytes,
+)
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -120,13 +128,13 @@ def test_an_empty_selector_is_refused(value: object) -> None:
     [{"css": "a", "xpath": "//a"}, {"many": True}, {}, {"css": "a", "multiple": True}],
 )
 def test_a_mapping_needs_exactly_one_kind_and_nothing_unknown(value: dict[str, object]) -> None:
-    with pytest.raises(SpecError, match="field 'f': give exactly one of css: or xpath:"):
+    with pytest.raises(SpecError, match="field 'f': give exactly one of css:, xpath: or jmespath:"):
         parse_spec({"fields": {"f": value}})
 
 
 @pytest.mark.parametrize("value", [42, None, ["css:a"], True])
 def test_a_field_that_is_neither_a_string_nor_a_mapping_is_refused(value: object) -> None:
-    with pytest.raises(SpecError, match=re.escape("field 'f': expected 'css:...' or 'xpath:...'")):
+    with pytest.raises(SpecError, match=re.escape("field 'f': expected 'css:...', 'xpath:...' or 'jmespath:...'")):
         parse_spec({"fields": {"f": value}})
 
 
@@ -283,3 +291,196 @@ def test_a_long_field_name_and_many_unknown_keys_are_quoted_short() -> None:
 def test_too_many_fields_are_refused() -> None:
     with pytest.raises(SpecError, match="at most 200"):
         parse_spec({"fields": {f"f{i}": "css:a" for i in range(201)}})
+
+
+# -- regular expressions on a selector's result ---------------------------------------------------
+
+
+def test_re_in_the_mapping_form_is_kept_beside_its_selector() -> None:
+    spec = parse_spec({"fields": {"price": {"css": "span.price::text", "re": r"([0-9.]+)"}}})
+    assert spec.fields["price"] == FieldRule(kind="css", expr="span.price::text", re=r"([0-9.]+)")
+
+
+def test_re_goes_with_xpath_and_many_too() -> None:
+    spec = parse_spec({"fields": {"n": {"xpath": "//li/text()", "re": r"\d+", "many": True}}})
+    assert spec.fields["n"] == FieldRule(kind="xpath", expr="//li/text()", many=True, re=r"\d+")
+
+
+def test_a_yaml_file_with_re_loads_its_backslashes_as_written(tmp_path: Path) -> None:
+    path = write(tmp_path, "fields:\n  price: {css: 'span.price::text', re: '(\\d+)\\.(\\d\\d)'}\n")
+    assert load_spec(path).fields["price"].re == r"(\d+)\.(\d\d)"
+
+
+def test_re_alone_in_the_string_form_is_refused_with_how_to_write_it() -> None:
+    with pytest.raises(SpecError, match=r"field 'price': re: filters a selector; use \{css: \.\.\., re: \.\.\.\}"):
+        parse_spec({"fields": {"price": r"re:\d+"}})
+
+
+def test_re_without_a_selector_in_the_mapping_form_is_refused() -> None:
+    with pytest.raises(SpecError, match="field 'price': give exactly one of"):
+        parse_spec({"fields": {"price": {"re": r"\d+"}}})
+
+
+def test_a_regular_expression_that_does_not_compile_is_refused_with_the_field_name() -> None:
+    with pytest.raises(SpecError, match=r"field 'price': broken re '\(\[0-9': "):
+        parse_spec({"fields": {"price": {"css": "span::text", "re": "([0-9"}}})
+
+
+@pytest.mark.parametrize("pattern", ["", None, 42, ["a"], True])
+def test_re_must_be_a_non_empty_string(pattern: object) -> None:
+    with pytest.raises(SpecError, match="field 'p': re: must be a non-empty regular expression"):
+        parse_spec({"fields": {"p": {"css": "span::text", "re": pattern}}})
+
+
+def test_a_regular_expression_past_the_length_cap_is_refused_and_not_quoted_whole() -> None:
+    with pytest.raises(SpecError) as info:
+        parse_spec({"fields": {"p": {"css": "span::text", "re": "a" * (MAX_EXPR_CHARS + 1)}}})
+    assert "field 'p': re: longer than 4096 characters" in str(info.value)
+    assert len(str(info.value)) < 200
+
+
+def test_a_regular_expression_nested_past_the_compilers_depth_is_refused_in_one_line() -> None:
+    with pytest.raises(SpecError) as info:
+        parse_spec({"fields": {"p": {"css": "span::text", "re": "(" * 2000 + ")" * 2000}}})
+    assert str(info.value).startswith("spec: field 'p': broken re")
+    assert "\n" not in str(info.value) and len(str(info.value)) < 400
+
+
+def test_a_catastrophic_regular_expression_compiles_its_running_time_is_the_parsers_limit() -> None:
+    assert parse_spec({"fields": {"p": {"css": "p::text", "re": "(a+)+$"}}}).fields["p"].re == "(a+)+$"
+
+
+def test_re_with_jmespath_is_refused() -> None:
+    with pytest.raises(SpecError, match="field 'p': re: filters a css: or xpath: result, not jmespath:"):
+        parse_spec({"fields": {"p": {"jmespath": "price", "re": r"\d+"}}})
+
+
+# -- JMESPath --------------------------------------------------------------------------------------
+
+
+def test_the_jmespath_string_form_gives_a_first_match_rule() -> None:
+    spec = parse_spec({"fields": {"name": "jmespath:product.name"}})
+    assert spec.fields["name"] == FieldRule(kind="jmespath", expr="product.name")
+
+
+def test_the_jmespath_mapping_form_takes_many() -> None:
+    spec = parse_spec({"fields": {"tags": {"jmespath": "product.tags[*].label", "many": True}}})
+    assert spec.fields["tags"] == FieldRule(kind="jmespath", expr="product.tags[*].label", many=True)
+
+
+@pytest.mark.parametrize(
+    "expr", ["product.", "a[?b ==", "[*", "foo(@)", "a[?no_such(b)].c", "length(a, b)", "join(a)", "to_string()"]
+)
+def test_a_jmespath_expression_that_does_not_compile_is_refused_with_the_field_name(expr: str) -> None:
+    with pytest.raises(SpecError, match="field 'x': broken jmespath selector"):
+        parse_spec({"fields": {"x": f"jmespath:{expr}"}})
+
+
+def test_jmespath_functions_with_their_arities_are_accepted() -> None:
+    spec = parse_spec(
+        {"fields": {"x": "jmespath:join(', ', items[?length(tags) > `1`].name)", "m": "jmespath:max_by(a, &b)"}}
+    )
+    assert spec.fields["x"].kind == "jmespath"
+    assert parse_spec({"fields": {"x": "jmespath:not_null(a, b, c)"}}).fields["x"].expr == "not_null(a, b, c)"
+
+
+def test_a_deeply_nested_jmespath_expression_is_refused_in_one_line() -> None:
+    with pytest.raises(SpecError) as info:
+        parse_spec({"fields": {"x": "jmespath:" + "(" * 2000 + "a" + ")" * 2000}})
+    assert "field 'x': broken jmespath selector" in str(info.value)
+    assert "\n" not in str(info.value) and len(str(info.value)) < 400
+
+
+@pytest.mark.parametrize("value", ["jmespath:", {"jmespath": "  "}])
+def test_an_empty_jmespath_expression_is_refused(value: object) -> None:
+    with pytest.raises(SpecError, match="field 'f': empty selector"):
+        parse_spec({"fields": {"f": value}})
+
+
+# -- the item schema -------------------------------------------------------------------------------
+
+
+def test_an_item_schema_gives_each_named_field_a_type_optional_by_default() -> None:
+    spec = parse_spec(
+        {
+            "fields": {"title": "css:title::text", "price": "css:span.price::text", "links": "css:a"},
+            "item": {"price": {"type": "number", "required": True}, "title": {"type": "string"}},
+        }
+    )
+    assert spec.item == {
+        "price": ItemField(type="number", required=True),
+        "title": ItemField(type="string", required=False),
+    }
+
+
+def test_a_spec_without_an_item_schema_has_none() -> None:
+    assert parse_spec({"fields": {"t": "css:title"}}).item is None
+
+
+@pytest.mark.parametrize("kind", ["string", "number", "integer", "boolean", "list", "object"])
+def test_every_item_type_is_accepted(kind: str) -> None:
+    spec = parse_spec({"fields": {"f": "css:a"}, "item": {"f": {"type": kind}}})
+    assert spec.item is not None and spec.item["f"].type == kind
+
+
+@pytest.mark.parametrize(
+    ("item", "message"),
+    [
+        ({"nope": {"type": "string"}}, "item: field 'nope' is not among the spec's fields"),
+        ({"f": {"type": "float"}}, "item: field 'f': unknown type 'float'; use one of string, number, integer"),
+        ({"f": {}}, "item: field 'f': unknown type None"),
+        ({"f": {"type": "string", "min": 1}}, r"item: field 'f': unknown keys \['min'\]"),
+        ({"f": {"type": "string", "required": "yes"}}, "item: field 'f': required: must be true or false"),
+        ({"f": "string"}, r"item: field 'f': expected \{type: \.\.\., required: \.\.\.\}, got str"),
+        ({}, "item: expected a non-empty mapping"),
+        (["f"], "item: expected a non-empty mapping"),
+        (None, "item: expected a non-empty mapping"),
+    ],
+)
+def test_a_broken_item_schema_is_refused_naming_the_key(item: object, message: str) -> None:
+    with pytest.raises(SpecError, match=f"^job.yaml: {message}"):
+        parse_spec({"fields": {"f": "css:a"}, "item": item}, "job.yaml")
+
+
+def test_a_yaml_file_with_an_item_schema_loads(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        "fields:\n  price: {css: 'span.price::text', re: '([0-9.]+)'}\n  name: 'jmespath:name'\n"
+        "item:\n  price: {type: number, required: true}\n  name: {type: string}\n",
+    )
+    spec = load_spec(path)
+    assert spec.item == {"price": ItemField(type="number", required=True), "name": ItemField(type="string")}
+
+
+# -- the file form, round trip ---------------------------------------------------------------------
+
+EVERY_FORM = {
+    "fields": {
+        "title": "css:title::text",
+        "h1": {"xpath": "//h1/text()"},
+        "links": {"css": "a::attr(href)", "many": True},
+        "price": {"css": "span.price::text", "re": r"([0-9.]+)"},
+        "digits": {"xpath": "//li/text()", "re": r"(?P<extract>\d+)", "many": True},
+        "name": "jmespath:product.name",
+        "tags": {"jmespath": "product.tags[*]", "many": True},
+    },
+    "item": {"price": {"type": "number", "required": True}, "tags": {"type": "list"}},
+}
+
+
+def test_spec_document_reads_back_to_the_same_spec_for_every_form() -> None:
+    spec = parse_spec(EVERY_FORM)
+    assert parse_spec(spec_document(spec)) == spec
+
+
+def test_spec_document_survives_json_and_the_wire_model() -> None:
+    import json
+
+    spec = parse_spec(EVERY_FORM)
+    assert spec_from_bytes(json.dumps(spec_document(spec)).encode(), "api") == spec
+    assert Spec.model_validate_json(spec.model_dump_json()) == spec
+
+
+def test_spec_document_leaves_out_what_a_spec_does_not_use() -> None:
+    document = spec_document(parse_spec({"fields": {"t": "css:title"}}))
+    assert document == {"fields": {"t": {"css": "title", "many": False}}}
