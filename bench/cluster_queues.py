@@ -57,7 +57,8 @@ def main() -> None:
     parser.add_argument("--domains", type=int, default=200)
     parser.add_argument("--per-domain", type=int, default=100)
     args = parser.parse_args()
-    nodes = [BrokerNode(name=f"hutch-bench-cluster-{i}", home=HOME) for i in range(3)]
+    advanced = (Path(__file__).resolve().parents[1] / "deploy" / "rabbitmq" / "advanced.config").read_text()
+    nodes = [BrokerNode(name=f"hutch-bench-cluster-{i}", home=HOME, advanced_config=advanced) for i in range(3)]
     try:
         form_cluster(nodes, 120)
         print(f"cluster of {len(nodes)} nodes up; the services use {nodes[0].nodename}", flush=True)

@@ -38,7 +38,9 @@ the listener opens in the last boot step, once queues are recovered.
 
 For a cluster, create the nodes with one `home`, start them, then on each joiner run
 `node.ctl("stop_app")`, `node.ctl("join_cluster", first.nodename)`, `node.ctl("start_app")`;
-`extra_config` adds lines to the config file (e.g. `cluster_formation...` keys).
+`extra_config` adds lines to the config file (e.g. `cluster_formation...` keys);
+`advanced_config` is the text of its advanced.config (Erlang terms, e.g. the file that
+deploy/rabbitmq/ ships).
 """
 
 from __future__ import annotations
@@ -119,6 +121,7 @@ class BrokerNode:
         port: int | None = None,
         dist_port: int | None = None,
         extra_config: str = "",
+        advanced_config: str = "",
         parent: Path | None = None,
     ) -> None:
         self.nodename = f"{name or f'hutch-test-{os.getpid()}-{next(_counter)}'}@localhost"
@@ -129,6 +132,7 @@ class BrokerNode:
         self.port = port or free_port()
         self.dist_port = dist_port or free_port()
         self.extra_config = extra_config
+        self.advanced_config = advanced_config
         self.process: subprocess.Popen[bytes] | None = None
         self._write_files()
 
@@ -166,6 +170,8 @@ class BrokerNode:
             # Our env file instead of /etc/rabbitmq's (which names the shared node).
             "rabbitmq-env.conf": "ERL_EPMD_ADDRESS=127.0.0.1\n",
             "enabled_plugins": "[].\n",
+            # Erlang terms for what rabbitmq.conf cannot say; an empty list when none.
+            "advanced.config": self.advanced_config or "[].\n",
         }
         for name, text in files.items():
             path = self.folder / name
@@ -181,6 +187,7 @@ class BrokerNode:
             "RABBITMQ_NODENAME": self.nodename,
             "RABBITMQ_CONF_ENV_FILE": str(f / "rabbitmq-env.conf"),
             "RABBITMQ_CONFIG_FILE": str(f / "rabbitmq.conf"),
+            "RABBITMQ_ADVANCED_CONFIG_FILE": str(f / "advanced.config"),
             "RABBITMQ_MNESIA_BASE": str(self.data_dir),
             "RABBITMQ_LOG_BASE": str(f / "log"),
             "RABBITMQ_DIST_PORT": str(self.dist_port),

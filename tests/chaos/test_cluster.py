@@ -30,6 +30,8 @@ from .conftest import check_job, in_thread, submit_job, wait_for_progress
 
 pytestmark = [pytest.mark.chaos, pytest.mark.e2e, pytest.mark.timeout(300)]
 PAGES = 40  # per site: 120 URLs over the three sites
+# The nodes run with what deploy/ ships for a quorum cluster (its dead-letter resend timeout).
+ADVANCED = (Path(__file__).resolve().parents[2] / "deploy" / "rabbitmq" / "advanced.config").read_text()
 
 
 def running_nodes(node: BrokerNode) -> list[str]:
@@ -46,7 +48,10 @@ def cluster() -> Iterator[list[BrokerNode]]:
     folder = Path(tempfile.mkdtemp(prefix="hutch-cluster-"))
     os.chmod(folder, 0o755)
     home = cookie_home(folder / "home")
-    nodes = [BrokerNode(name=f"hutch-cluster-{os.getpid()}-{i}", home=home, parent=folder) for i in range(3)]
+    nodes = [
+        BrokerNode(name=f"hutch-cluster-{os.getpid()}-{i}", home=home, parent=folder, advanced_config=ADVANCED)
+        for i in range(3)
+    ]
     try:
         form_cluster(nodes, 90)
         running = running_nodes(nodes[0])
@@ -66,7 +71,13 @@ def amqp_url(cluster: list[BrokerNode]) -> str:
 
 @pytest.fixture
 def settings(settings: Settings) -> Settings:
-    return settings.model_copy(update={"queue_type": "quorum"})
+    # The reconciler is the net under whatever the broker still loses in a failover: RabbitMQ
+    # 3.10.8's dead-letter worker can end up not running after leader elections in quick
+    # succession (fixed in later releases: rabbitmq-server pull request 7677), and a retry's
+    # dead letter then waits, unseen by queue depths, for the next election. With the
+    # defaults (a 120 s margin, a sweep every 30 s) such a task is rescued about 2.5 minutes
+    # after it was due; here within the test's wait.
+    return settings.model_copy(update={"queue_type": "quorum", "reconcile_margin": 15.0, "reconcile_interval": 5.0})
 
 
 def where_they_are(settings: Settings, node: BrokerNode, job: str) -> str:
@@ -84,7 +95,10 @@ def where_they_are(settings: Settings, node: BrokerNode, job: str) -> str:
                 lines.append(f"task {task}: due_at, incarnation, rescues={tuple(row)} attempts={found.get('attempts')}")
     finally:
         store.close()
-    queues = node.ctl("list_queues", "name", "messages_ready", "messages_unacknowledged", "consumers")
+    # messages_dlx: dead-lettered by a quorum queue, not yet confirmed by their target.
+    queues = node.ctl(
+        "list_queues", "name", "type", "messages_ready", "messages_unacknowledged", "messages_dlx", "consumers"
+    )
     lines += [line for line in queues.splitlines() if settings.namespace in line]
     return "\n".join(lines)
 
@@ -93,14 +107,10 @@ def urls_of(sandbox: Sandbox, pages: int) -> list[str]:
     return [url for site in sandbox.sites.values() for url in site.urls()[:pages]]
 
 
-# A known defect, kept visible rather than hidden: in two of three clean-clone CI runs (never
-# in five runs alone) one or two tasks stayed `retrying` after the failover, their delay tier
-# and every shard empty, and the reconciler did not rescue them. Issue #16 stays open on it; the
-# assertion message says where the tasks were (their history, every queue's depth).
-@pytest.mark.xfail(
-    reason="after a failover, a retrying task can be left neither in a queue nor rescued (issue #16)",
-    strict=False,
-)
+# In two of three clean-clone CI runs before deploy/rabbitmq/advanced.config and the short
+# reconciler margin above, one or two tasks stayed `retrying` past the test's wait, their delay
+# tier and every shard empty to a depth probe: dead-lettered, not yet confirmed by the frontier
+# (`messages_dlx`). On a failure the message says where the tasks were.
 async def test_a_job_on_quorum_queues_survives_losing_the_node_every_service_is_connected_to(
     settings: Settings, sandbox: Sandbox, cluster: list[BrokerNode], services: Services
 ) -> None:

@@ -254,3 +254,9 @@ def test_prometheus_and_grafana_read_the_files_in_deploy(config: dict[str, Any])
     assert grafana[provisioning] == "/etc/grafana/provisioning"
     assert (provisioning / "datasources" / "prometheus.yml").exists()
     assert (provisioning / "dashboards" / "hutch.yml").exists()
+
+
+def test_rabbitmq_runs_with_the_advanced_config_that_the_cluster_test_ran(config: dict[str, Any]) -> None:
+    volumes = config["services"]["rabbitmq"]["volumes"]
+    mounts = {Path(v["source"]).resolve(): v["target"] for v in volumes if v["type"] == "bind"}
+    assert mounts[ROOT / "deploy" / "rabbitmq" / "advanced.config"] == "/etc/rabbitmq/advanced.config"

@@ -363,6 +363,19 @@ def test_the_custom_resources_use_only_fields_their_operators_document(manifests
         assert scaled["spec"]["scaleTargetRef"]["name"] in _deployments(manifests)
 
 
+def _erlang_terms(text: str) -> str:
+    """Erlang terms with `%%` comments and all white space dropped (no string in them has any)."""
+    return re.sub(r"\s+", "", "\n".join(line.split("%")[0] for line in text.splitlines()))
+
+
+def test_the_cluster_overlay_gives_rabbitmq_the_advanced_config_in_deploy() -> None:
+    shipped = (DEPLOY / "rabbitmq" / "advanced.config").read_text(encoding="utf-8")
+    given = _one(render("cluster"), "RabbitmqCluster")["spec"]["rabbitmq"]["advancedConfig"]
+    assert _erlang_terms(given) == _erlang_terms(shipped)
+    # A quorum tier's dead letter lost in a failover is resent within seconds, not 180 s.
+    assert "{dead_letter_worker_publisher_confirm_timeout,10000}" in _erlang_terms(shipped)
+
+
 def test_the_rabbitmq_cluster_config_forms_a_cluster_and_says_to_use_quorum_queues() -> None:
     text = (DEPLOY / "rabbitmq" / "rabbitmq.conf").read_text(encoding="utf-8")
     settings = dict(
