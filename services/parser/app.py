@@ -5,8 +5,9 @@ page (`HUTCH_PARSE_TIMEOUT`), a cap on each item's JSON (`HUTCH_MAX_ITEM_BYTES`)
 worker's memory (`HUTCH_PARSE_MEMORY_MB`), so neither a hostile page nor a costly spec can
 stall the parser or take it down, and the event loop stays free for heartbeats and acks. A
 page that goes over a limit, or fails to parse, goes dead with stage `parse` and the reason
-(`parse_timeout`, `item_too_large`, `parse_memory`, `parse_crash`, `parse_error`); replaying
-it re-parses without a re-fetch.
+(`parse_timeout`, `item_too_large`, `parse_memory`, `parse_crash`, `parse_error`, and
+`not_json` or `item_invalid` for a spec's JMESPath fields or item schema); replaying it
+re-parses without a re-fetch.
 """
 
 from __future__ import annotations

@@ -4,7 +4,17 @@ It runs in the parser's worker processes (see pool.py), which put a time limit o
 module bounds what it produces. A spec picks the output, and `{css: div, many: true}` on a
 page of deeply nested divs returns every div with all of its descendants: thousands of times
 the page. So the output is counted as it is built, in bytes of its JSON, and extraction stops
-with `ItemTooLarge` as soon as it passes `max_bytes`, before a huge list exists.
+with `ItemTooLarge` as soon as it passes `max_bytes`, before a huge list exists. That holds
+for regular expressions too: their matches are taken one at a time (`re.finditer`), where
+parsel's `.re()` would first build the list of every match in a node.
+
+The time limit is what bounds a regular expression that backtracks catastrophically
+(`(a+)+$`): Python's `re` cannot be interrupted, and the worker is killed (`parse_timeout`).
+
+The page is parsed as HTML (lxml, through parsel) only when a field uses CSS or XPath, and as
+JSON only when one uses JMESPath; a page that is not JSON makes such a field fail with
+`NotJSON`, naming it. After extraction the item is checked against the spec's `item:`
+schema, if any (schema.py, `ItemInvalid`).
 
 Without a spec the item is `url`, `status`, `title`.
 """
@@ -12,11 +22,21 @@ Without a spec the item is `url`, `status`, `title`.
 from __future__ import annotations
 
 import json
+import re
+import reprlib
+from collections.abc import Iterator
 from typing import Any
 
+import jmespath
+from jmespath.exceptions import JMESPathError
 from parsel import Selector
+from w3lib.html import replace_entities
 
-from hutch.models import Spec
+from hutch.models import FieldRule, Spec
+from hutch.services.parser.schema import check_item
+
+_REPR = reprlib.Repr()
+_REPR.maxstring = 80
 
 
 class ItemTooLarge(Exception):
@@ -42,29 +62,118 @@ class _Budget:
             raise ItemTooLarge(f"item passes {self.max_bytes} bytes of JSON")
 
 
+class NotJSON(Exception):
+    """A JMESPath field on a page whose body is not JSON; the message names the field."""
+
+
+class _Page:
+    """One page's text, parsed as HTML and as JSON on first use, each at most once."""
+
+    def __init__(self, text: str, url: str) -> None:
+        self.text = text
+        self.url = url
+        self._selector: Selector | None = None
+        self._json: tuple[Any] | None = None
+        self._not_json: str | None = None
+
+    @property
+    def selector(self) -> Selector:
+        if self._selector is None:
+            # type="html": parsel would otherwise try the text as JSON first, unbounded
+            # (RecursionError on deep nesting), and refuse CSS and XPath on a page that is JSON.
+            self._selector = Selector(text=self.text, base_url=self.url, type="html")
+        return self._selector
+
+    def json(self, field: str) -> Any:
+        if self._json is None and self._not_json is None:
+            try:
+                self._json = (json.loads(self.text, parse_constant=_no_constant),)
+            except RecursionError:  # the C scanner recurses once per level of nesting
+                self._not_json = "nested too deep"
+            except ValueError as exc:  # JSONDecodeError, and ints past Python's digit limit
+                self._not_json = " ".join(str(exc).split())[:200]
+        if self._json is None:
+            raise NotJSON(f"field {_REPR.repr(field)} reads JSON, and the page is not JSON: {self._not_json}")
+        return self._json[0]
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")  # json.loads takes NaN and Infinity by default
+
+
+def _regex_matches(pattern: re.Pattern[str], text: str) -> Iterator[str]:
+    """parsel's `extract_regex`, one match at a time: the group named `extract` (its first
+    match only), else every group of every match in order, else every whole match; entities
+    replaced except `&lt;` and `&amp;`."""
+    if "extract" in pattern.groupindex:
+        found = pattern.search(text)
+        strings: Iterator[str] = iter(() if found is None or found["extract"] is None else (found["extract"],))
+    elif pattern.groups:
+        strings = (group for match in pattern.finditer(text) for group in match.groups(""))
+    else:
+        strings = (match[0] for match in pattern.finditer(text))
+    for string in strings:
+        yield replace_entities(string, keep=["lt", "amp"])
+
+
+def _selected(page: _Page, name: str, rule: FieldRule) -> Iterator[Any]:
+    """A CSS or XPath field's matches, each filtered through `rule.re` when it has one."""
+    try:  # checked at spec load, but a spec may come from any AMQP client
+        pattern = re.compile(rule.re) if rule.re is not None else None
+    except re.error as exc:
+        raise ValueError(f"field {_REPR.repr(name)}: broken re: {exc}") from None
+    found = page.selector.css(rule.expr) if rule.kind == "css" else page.selector.xpath(rule.expr)
+    for match in found:  # one match at a time: the cap holds before the list is whole
+        value = match.get()
+        if pattern is None:
+            yield value
+        else:
+            yield from _regex_matches(pattern, value)
+
+
+def _queried(page: _Page, name: str, rule: FieldRule) -> Iterator[Any]:
+    """A JMESPath field's matches: a list result's elements, or any other value but null."""
+    document = page.json(name)
+    try:
+        result = jmespath.compile(rule.expr).search(document)  # compiled once: jmespath caches
+    except JMESPathError as exc:
+        raise ValueError(f"field {_REPR.repr(name)}: jmespath: {' '.join(str(exc).split())}") from None
+    if isinstance(result, list):
+        yield from result
+    elif result is not None:
+        yield result
+
+
+def _matches(page: _Page, name: str, rule: FieldRule) -> Iterator[Any]:
+    if rule.kind == "jmespath":
+        yield from _queried(page, name, rule)
+        return
+    for value in _selected(page, name, rule):
+        yield value.strip() if isinstance(value, str) else value
+
+
 def extract(text: str, url: str, status: int, spec: Spec | None, max_bytes: int | None = None) -> dict[str, Any]:
-    """The item of one page; `ItemTooLarge` when its JSON would pass `max_bytes`."""
+    """The item of one page; `ItemTooLarge` when its JSON would pass `max_bytes`, `NotJSON`
+    for a JMESPath field on a page that is not JSON, `ItemInvalid` when the item does not
+    fit the spec's `item:` schema."""
     budget = _Budget(max_bytes)
-    selector = Selector(text=text, base_url=url)
+    page = _Page(text, url)
     if spec is None:
-        title = selector.css("title::text").get()
+        title = page.selector.css("title::text").get()
         fields: dict[str, Any] = {"url": url, "status": status, "title": title.strip() if title else None}
         budget.spend(fields)
         return fields
     fields = {}
     for name, rule in spec.fields.items():
         budget.spend(name)
-        found = selector.css(rule.expr) if rule.kind == "css" else selector.xpath(rule.expr)
+        matches = _matches(page, name, rule)
         if rule.many:
             values: list[Any] = []
-            for match in found:  # one match at a time: the cap holds before the list is whole
-                value = match.get()
-                value = value.strip() if isinstance(value, str) else value
+            for value in matches:
                 budget.spend(value)
                 values.append(value)
             fields[name] = values
         else:
-            value = found.get()
-            fields[name] = value.strip() if isinstance(value, str) else value
+            fields[name] = next(matches, None)
             budget.spend(fields[name])
-    return fields
+    return check_item(spec.item, fields) if spec.item else fields

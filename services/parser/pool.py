@@ -46,7 +46,9 @@ from hutch.models import Spec
 log = logging.getLogger(__name__)
 
 # Why a page failed to parse: the dead letter's reason (stage `parse`).
-Failure = Literal["parse_error", "parse_timeout", "parse_memory", "parse_crash", "item_too_large"]
+Failure = Literal[
+    "parse_error", "parse_timeout", "parse_memory", "parse_crash", "item_too_large", "not_json", "item_invalid"
+]
 # Failures after which the worker is not trusted again: killed (if alive) and replaced.
 REPLACE: frozenset[Failure] = frozenset({"parse_timeout", "parse_memory", "parse_crash"})
 _ANSWER_SLACK = 4096  # room for the envelope around an item of max_item_bytes
@@ -81,7 +83,8 @@ def _cap_memory(extra: int) -> None:
 
 def answer(request: bytes, max_item_bytes: int) -> bytes:
     """A worker's answer (JSON bytes) to one request (JSON bytes): the item or a failure."""
-    from hutch.services.parser.extract import ItemTooLarge, extract
+    from hutch.services.parser.extract import ItemTooLarge, NotJSON, extract
+    from hutch.services.parser.schema import ItemInvalid
 
     try:
         page = json.loads(request)
@@ -93,6 +96,10 @@ def answer(request: bytes, max_item_bytes: int) -> bytes:
         return b'{"fields": ' + item + b"}"
     except ItemTooLarge as exc:
         return _failure("item_too_large", str(exc))
+    except NotJSON as exc:
+        return _failure("not_json", str(exc))
+    except ItemInvalid as exc:
+        return _failure("item_invalid", str(exc))
     except MemoryError:
         return _failure("parse_memory", "the worker's memory cap was reached")
     except Exception as exc:

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import json
+import re
+
 import pytest
 from parsel import Selector
 
 from hutch.models import FieldRule, Spec
-from hutch.services.parser.extract import ItemTooLarge, extract
+from hutch.services.parser import extract as extract_module
+from hutch.services.parser.extract import ItemTooLarge, NotJSON, extract
+from hutch.services.parser.schema import ItemInvalid
 from hutch.services.parser.spec import DEFAULT_FIELDS, parse_spec
 
 PAGE = """<!DOCTYPE html>
@@ -168,3 +173,288 @@ def test_lxml_keeps_a_bounded_depth_of_a_very_deep_page_without_an_error() -> No
     deeper = "<html><body>" + "<div>" * 5000 + "</div>" * 5000 + "</body></html>"
     found = extract(deeper, URL, 200, spec_of({"n": "xpath:count(//div)"}))
     assert 0 < float(found["n"]) < 5000  # libxml2 stops nesting past its depth limit
+
+
+# -- regular expressions on a selector's result ----------------------------------------------------
+
+PRICES = """<html><body>
+<span class="price"> Price: 12.50 EUR </span>
+<span class="price">was 15.00 EUR, now 9.99 EUR</span>
+<ul><li>size 38</li><li>size 40 &amp; 42 &euro;</li><li>no size</li></ul>
+</body></html>"""
+
+
+def test_re_without_many_gives_the_first_match_of_the_first_node_that_matches() -> None:
+    item = extract(PRICES, URL, 200, spec_of({"price": {"css": "span.price::text", "re": r"[0-9]+\.[0-9]+"}}))
+    assert item == {"price": "12.50"}
+
+
+def test_re_with_many_gives_every_match_in_every_node_in_document_order() -> None:
+    spec = spec_of({"prices": {"css": "span.price::text", "re": r"[0-9]+\.[0-9]+", "many": True}})
+    assert extract(PRICES, URL, 200, spec) == {"prices": ["12.50", "15.00", "9.99"]}
+
+
+def test_re_with_a_group_gives_the_group_and_with_two_gives_both_in_order() -> None:
+    one = spec_of({"euros": {"css": "span.price::text", "re": r"([0-9]+)\.[0-9]+"}})
+    assert extract(PRICES, URL, 200, one) == {"euros": "12"}
+    two = spec_of({"parts": {"css": "span.price::text", "re": r"([0-9]+)\.([0-9]+)", "many": True}})
+    assert extract(PRICES, URL, 200, two) == {"parts": ["12", "50", "15", "00", "9", "99"]}
+
+
+def test_re_with_a_group_named_extract_gives_that_group_of_the_first_match_in_each_node() -> None:
+    spec = spec_of({"sizes": {"xpath": "//li/text()", "re": r"size (?P<extract>[0-9]+)", "many": True}})
+    assert extract(PRICES, URL, 200, spec) == {"sizes": ["38", "40"]}
+
+
+def test_re_with_no_match_gives_none_or_an_empty_list() -> None:
+    assert extract(PRICES, URL, 200, spec_of({"x": {"css": "li::text", "re": "zzz"}})) == {"x": None}
+    assert extract(PRICES, URL, 200, spec_of({"x": {"css": "li::text", "re": "zzz", "many": True}})) == {"x": []}
+
+
+def test_re_on_markup_sees_the_markup_and_its_matches_are_stripped() -> None:
+    spec = spec_of({"tag": {"css": "span.price", "re": r'class="(\w+)">(\s*Price)'}})
+    assert extract(PRICES, URL, 200, spec) == {"tag": "price"}
+    spec = spec_of({"label": {"css": "span.price::text", "re": r"(\s*Price:)", "many": True}})
+    assert extract(PRICES, URL, 200, spec) == {"label": ["Price:"]}
+
+
+@pytest.mark.parametrize(
+    "pattern",
+    [r"[0-9.]+", r"([0-9]+)\.([0-9]+)", r"([0-9]+)( EUR)?", r"(?P<extract>[0-9]+)\.", r"(?P<extract>zz)?[0-9]",
+     r"&\w+;", r"size (\d+)", r"(?i)SIZE"],
+)  # fmt: skip
+def test_re_matches_exactly_what_parsels_re_gives(pattern: str) -> None:
+    selector = Selector(text=PRICES)
+    for css in ("span.price::text", "li::text", "li", "ul"):
+        spec = spec_of({"all": {"css": css, "re": pattern, "many": True}, "first": {"css": css, "re": pattern}})
+        item = extract(PRICES, URL, 200, spec)
+        expected = [value.strip() for value in selector.css(css).re(pattern)]
+        assert item["all"] == expected, css
+        first = selector.css(css).re_first(pattern)
+        assert item["first"] == (first.strip() if first is not None else None), css
+
+
+def test_re_replaces_entities_except_lt_and_amp_as_parsel_does() -> None:
+    spec = spec_of({"x": {"css": "li", "re": r"40 (.*) 42 (.*)<", "many": True}})
+    assert extract(PRICES, URL, 200, spec) == {"x": ["&amp;", "€"]}
+
+
+def test_the_byte_cap_stops_re_matches_one_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    page = "<html><body><p>" + "ab " * 200_000 + "</p></body></html>"
+    taken = 0
+    real = extract_module.replace_entities
+
+    def counting(text: str, keep: list[str]) -> str:  # called once per match, as it is taken
+        nonlocal taken
+        taken += 1
+        return real(text, keep=keep)
+
+    monkeypatch.setattr(extract_module, "replace_entities", counting)
+    with pytest.raises(ItemTooLarge):
+        extract(page, URL, 200, spec_of({"x": {"css": "p::text", "re": "ab", "many": True}}), max_bytes=10_000)
+    assert taken < 2_000  # of 200,000 matches: each costs 5 bytes of JSON
+
+
+def test_a_broken_re_that_skipped_spec_loading_names_the_field() -> None:
+    spec = Spec(fields={"price": FieldRule(kind="css", expr="span::text", re="([0-9")})
+    with pytest.raises(ValueError, match="field 'price': broken re"):
+        extract(PRICES, URL, 200, spec)
+
+
+# -- JMESPath on JSON pages -------------------------------------------------------------------------
+
+PRODUCT = json.dumps(
+    {
+        "product": {
+            "id": 7,
+            "name": "Quiet Teapot",
+            "price": {"amount": 12.5, "currency": "EUR"},
+            "tags": ["kitchen", "tea"],
+            "variants": [{"sku": "T-1", "stock": 3}, {"sku": "T-2", "stock": 0}],
+            "in_stock": True,
+            "maker": None,
+        }
+    }
+)
+
+
+def test_jmespath_gives_a_value_as_json_gave_it() -> None:
+    spec = spec_of(
+        {
+            "name": "jmespath:product.name",
+            "amount": "jmespath:product.price.amount",
+            "price": "jmespath:product.price",
+            "in_stock": "jmespath:product.in_stock",
+        }
+    )
+    assert extract(PRODUCT, URL, 200, spec) == {
+        "name": "Quiet Teapot",
+        "amount": 12.5,
+        "price": {"amount": 12.5, "currency": "EUR"},
+        "in_stock": True,
+    }
+
+
+def test_a_jmespath_list_result_is_its_matches_the_first_or_all_with_many() -> None:
+    spec = spec_of(
+        {
+            "tag": "jmespath:product.tags",
+            "tags": {"jmespath": "product.tags", "many": True},
+            "skus": {"jmespath": "product.variants[*].sku", "many": True},
+            "available": {"jmespath": "product.variants[?stock > `0`].sku", "many": True},
+        }
+    )
+    assert extract(PRODUCT, URL, 200, spec) == {
+        "tag": "kitchen",
+        "tags": ["kitchen", "tea"],
+        "skus": ["T-1", "T-2"],
+        "available": ["T-1"],
+    }
+
+
+def test_a_jmespath_null_or_missing_value_gives_none_or_an_empty_list() -> None:
+    spec = spec_of(
+        {"maker": "jmespath:product.maker", "gone": "jmespath:nope.x", "many": {"jmespath": "nope", "many": True}}
+    )
+    assert extract(PRODUCT, URL, 200, spec) == {"maker": None, "gone": None, "many": []}
+
+
+def test_a_single_value_with_many_is_a_list_of_it() -> None:
+    assert extract(PRODUCT, URL, 200, spec_of({"n": {"jmespath": "product.name", "many": True}})) == {
+        "n": ["Quiet Teapot"]
+    }
+
+
+def test_jmespath_strings_are_not_stripped() -> None:
+    assert extract('{"a": "  x  "}', URL, 200, spec_of({"a": "jmespath:a"})) == {"a": "  x  "}
+
+
+def test_jmespath_functions_run() -> None:
+    spec = spec_of({"n": "jmespath:length(product.variants)", "s": "jmespath:join(', ', product.tags)"})
+    assert extract(PRODUCT, URL, 200, spec) == {"n": 2, "s": "kitchen, tea"}
+
+
+def test_without_a_spec_a_json_page_gives_no_title_and_no_error() -> None:
+    assert extract(PRODUCT, URL, 200, None) == {"url": URL, "status": 200, "title": None}
+    assert extract("[" * 100_000 + "]" * 100_000, URL, 200, None)["title"] is None
+
+
+def test_css_and_jmespath_fields_mix_on_one_page() -> None:
+    spec = spec_of({"name": "jmespath:product.name", "title": "css:title::text"})
+    assert extract(PRODUCT, URL, 200, spec) == {"name": "Quiet Teapot", "title": None}
+
+
+@pytest.mark.parametrize(
+    ("body", "why"),
+    [
+        (PAGE, "Expecting value"),
+        ("", "Expecting value"),
+        ('{"a": 1} trailing', "Extra data"),
+        ('{"a": NaN}', "NaN is not JSON"),
+        ('{"a": Infinity}', "Infinity is not JSON"),
+        ("[" * 100_000 + "]" * 100_000, "nested too deep"),
+        ('{"a": ' + "9" * 5000 + "}", "integer string conversion"),
+    ],
+    ids=["html", "empty", "trailing", "nan", "infinity", "deep", "huge-int"],
+)
+def test_a_page_that_is_not_json_fails_a_jmespath_field_naming_it(body: str, why: str) -> None:
+    spec = spec_of({"title": "css:title::text", "price": "jmespath:product.price"})
+    with pytest.raises(NotJSON) as info:
+        extract(body, URL, 200, spec)
+    assert str(info.value).startswith("field 'price' reads JSON, and the page is not JSON: ")
+    assert why in str(info.value)
+    assert len(str(info.value)) < 300
+
+
+def test_a_jmespath_type_error_at_run_time_names_the_field() -> None:
+    with pytest.raises(ValueError, match="field 'n': jmespath: "):
+        extract(PRODUCT, URL, 200, spec_of({"n": "jmespath:length(product.id)"}))
+
+
+def test_jmespath_output_counts_against_the_byte_cap() -> None:
+    body = json.dumps({"rows": ["x" * 100] * 10_000})
+    with pytest.raises(ItemTooLarge):
+        extract(body, URL, 200, spec_of({"rows": {"jmespath": "rows", "many": True}}), max_bytes=10_000)
+    with pytest.raises(ItemTooLarge):
+        extract(body, URL, 200, spec_of({"all": "jmespath:@"}), max_bytes=10_000)
+    assert len(extract(body, URL, 200, spec_of({"rows": {"jmespath": "rows", "many": True}}))["rows"]) == 10_000
+
+
+def test_a_json_page_is_not_parsed_as_html_when_no_field_needs_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*_: object, **__: object) -> None:
+        raise AssertionError("parsed as HTML")
+
+    monkeypatch.setattr(Selector, "__init__", refuse)
+    assert extract(PRODUCT, URL, 200, spec_of({"id": "jmespath:product.id"})) == {"id": 7}
+
+
+# -- the item schema ---------------------------------------------------------------------------------
+
+
+def schema_spec(fields: dict[str, object], item: dict[str, object]) -> Spec:
+    return parse_spec({"fields": fields, "item": item})
+
+
+def test_an_item_that_fits_its_schema_comes_out_with_re_text_converted_to_numbers() -> None:
+    spec = schema_spec(
+        {"price": {"css": "span.price::text", "re": r"[0-9.]+"}, "size": {"css": "li::text", "re": r"\d+"},
+         "sizes": {"css": "li::text", "re": r"\d+", "many": True}, "label": "css:li::text"},
+        {"price": {"type": "number", "required": True}, "size": {"type": "integer"}, "sizes": {"type": "list"},
+         "label": {"type": "string"}},
+    )  # fmt: skip
+    item = extract(PRICES, URL, 200, spec)
+    assert item == {"price": 12.5, "size": 38, "sizes": ["38", "40", "42"], "label": "size 38"}
+    assert list(item) == ["price", "size", "sizes", "label"]
+
+
+def test_json_values_pass_a_schema_of_their_own_types() -> None:
+    spec = schema_spec(
+        {"id": "jmespath:product.id", "amount": "jmespath:product.price.amount", "in": "jmespath:product.in_stock",
+         "price": "jmespath:product.price", "tags": {"jmespath": "product.tags", "many": True},
+         "maker": "jmespath:product.maker"},
+        {"id": {"type": "integer"}, "amount": {"type": "number"}, "in": {"type": "boolean"},
+         "price": {"type": "object"}, "tags": {"type": "list"}, "maker": {"type": "string"}},
+    )  # fmt: skip
+    assert extract(PRODUCT, URL, 200, spec)["maker"] is None
+
+
+def test_fields_the_schema_does_not_name_pass_unchanged() -> None:
+    spec = schema_spec({"a": "css:li::text", "b": "css:nope::text"}, {"a": {"type": "string"}})
+    assert extract(PRICES, URL, 200, spec) == {"a": "size 38", "b": None}
+
+
+@pytest.mark.parametrize(
+    ("field", "item", "message"),
+    [
+        ("css:li::text", {"type": "number"}, "field 'f': expected a number or null, got string 'size 38'"),
+        ("css:nope::text", {"type": "string", "required": True}, "field 'f' is required, and is null"),
+        ("jmespath:product.price", {"type": "list"}, "field 'f': expected a list or null, got object"),
+        ("jmespath:product.in_stock", {"type": "number", "required": True},
+         "field 'f': expected a number, got boolean True"),
+        ("jmespath:product.price.amount", {"type": "integer"},
+         "field 'f': expected an integer or null, got number 12.5"),
+        ("jmespath:product.id", {"type": "string"}, "field 'f': expected a string or null, got number 7"),
+        ("jmespath:product.name", {"type": "boolean"}, "field 'f': expected a boolean or null, got string"),
+    ],
+)  # fmt: skip
+def test_an_item_that_does_not_fit_its_schema_fails_naming_the_field(
+    field: str, item: dict[str, object], message: str
+) -> None:
+    spec = schema_spec({"f": field}, {"f": item})
+    body = PRICES if field.startswith("css") else PRODUCT
+    with pytest.raises(ItemInvalid, match=re.escape(message)):
+        extract(body, URL, 200, spec)
+
+
+@pytest.mark.parametrize("text", ["nan", "inf", "-Infinity"])
+def test_nan_and_infinity_are_not_numbers(text: str) -> None:
+    spec = schema_spec({"f": {"css": "p::text", "re": r"\S+"}}, {"f": {"type": "number"}})
+    with pytest.raises(ItemInvalid, match="field 'f': expected a number"):
+        extract(f"<p>{text}</p>", URL, 200, spec)
+
+
+def test_a_long_value_is_quoted_short_in_the_error() -> None:
+    spec = schema_spec({"f": "css:p::text"}, {"f": {"type": "integer"}})
+    with pytest.raises(ItemInvalid) as info:
+        extract(f"<p>{'x' * 100_000}</p>", URL, 200, spec)
+    assert len(str(info.value)) < 200

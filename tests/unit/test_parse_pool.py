@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from hutch.models import FieldRule, Spec
+from hutch.models import FieldRule, ItemField, Spec
 from hutch.services.parser.extract import extract
 from hutch.services.parser.pool import Limits, ParseFailed, ParsePool
 
@@ -120,3 +120,51 @@ async def test_two_workers_serve_a_normal_page_while_the_other_is_stuck() -> Non
             await stuck
     finally:
         await pool.close()
+
+
+# A regular expression that backtracks exponentially: `(\w+\s?)*$` on a line of words that ends
+# in a full stop tries every way to split the words before it fails (about 2**n for n letters).
+BACKTRACKING = Spec(fields={"line": FieldRule(kind="css", expr="p::text", re=r"^(\w+\s?)*$")})
+SENTENCE = "<html><body><p>" + "quiet river paper amber window stone bright winter." + "</p></body></html>"
+
+
+async def test_a_catastrophically_backtracking_regex_fails_with_parse_timeout_and_its_worker_is_replaced(
+    pool: ParsePool,
+) -> None:
+    with pytest.raises(ParseFailed) as failed:
+        await pool.extract(SENTENCE, URL, 200, BACKTRACKING)
+    assert failed.value.reason == "parse_timeout"
+    assert pool.replaced == 1
+    assert await pool.extract(PAGE, URL, 200, LINKS) == {"links": ["/1", "/2"]}
+
+
+async def test_a_jmespath_field_on_a_page_that_is_not_json_fails_with_not_json_naming_the_field(
+    pool: ParsePool,
+) -> None:
+    spec = Spec(fields={"price": FieldRule(kind="jmespath", expr="product.price")})
+    assert await pool.extract('{"product": {"price": 3.5}}', URL, 200, spec) == {"price": 3.5}
+    with pytest.raises(ParseFailed) as failed:
+        await pool.extract(PAGE, URL, 200, spec)
+    assert failed.value.reason == "not_json"
+    assert failed.value.detail.startswith("field 'price' reads JSON, and the page is not JSON")
+    assert pool.replaced == 0
+
+
+async def test_an_item_that_does_not_fit_its_schema_fails_with_item_invalid_naming_the_field(pool: ParsePool) -> None:
+    spec = Spec(
+        fields={"title": FieldRule(kind="css", expr="title::text"), "n": FieldRule(kind="css", expr="a::text")},
+        item={"title": ItemField(type="string", required=True), "n": ItemField(type="integer")},
+    )
+    with pytest.raises(ParseFailed) as failed:
+        await pool.extract(PAGE, URL, 200, spec)
+    assert failed.value.reason == "item_invalid"
+    assert failed.value.detail == "field 'n': expected an integer or null, got string 'one'"
+    assert pool.replaced == 0
+
+
+async def test_an_item_converted_by_its_schema_comes_back_converted(pool: ParsePool) -> None:
+    spec = Spec(
+        fields={"n": FieldRule(kind="css", expr="a::attr(href)", re=r"\d+")},
+        item={"n": ItemField(type="integer", required=True)},
+    )
+    assert await pool.extract(PAGE, URL, 200, spec) == {"n": 1}
