@@ -77,6 +77,17 @@ class Settings(BaseSettings):
     api_url: str | None = Field(
         None, description="with it set, the CLI's job commands go through this API (no store or broker needed)"
     )
+    # A URL file is the largest body a client has cause to send: 64 MiB holds some 700,000 URLs
+    # of 90 bytes, while every upload in progress spools up to this much to the API's disk (and
+    # a JSON submission is read whole into memory; its 100,000 URLs at most take some 10 MB).
+    api_max_body_bytes: int = Field(
+        64 * 1024 * 1024,
+        gt=0,
+        description="largest request body the API reads (a URL file, a JSON submission); more is 413",
+    )
+    api_body_timeout: float = Field(
+        30.0, gt=0, allow_inf_nan=False, description="seconds a request body may take to arrive whole; longer is 408"
+    )
     # Metrics: each service serves /metrics, /healthz and /readyz on a port of its own
     # (0: any free port, logged at start).
     metrics: bool = Field(True, description="serve /metrics, /healthz and /readyz on each service's metrics port")

@@ -24,6 +24,10 @@ from hutch.settings import Settings
 from hutch.store import AsyncStore
 
 log = logging.getLogger(__name__)
+# A request line and headers over this are refused (400) before any route runs: a bearer
+# token and the usual headers take a few hundred bytes. h11's default, made explicit.
+MAX_HEAD_BYTES = 16 * 1024
+KEEP_ALIVE = 5  # seconds
 
 
 class ApiRefused(SystemExit):
@@ -96,6 +100,13 @@ class Api(Service):
             proxy_headers=False,
             # A client that stops reading an item stream must not hold the shutdown.
             timeout_graceful_shutdown=max(1, int(s.shutdown_grace)),
+            # h11, whatever else is installed: its bound on a request's head is the one set here
+            # (httptools, which uvicorn would prefer, has its own). A body is bounded in
+            # `limits` (HUTCH_API_MAX_BODY_BYTES, HUTCH_API_BODY_TIMEOUT).
+            http="h11",
+            h11_max_incomplete_event_size=MAX_HEAD_BYTES,
+            # An idle connection between two requests closes after this (uvicorn's default).
+            timeout_keep_alive=KEEP_ALIVE,
         )
         config.load()
         server = uvicorn.Server(config)

@@ -5,14 +5,16 @@ Every route but the probes, `/metrics` and `/openapi.json` needs `Authorization:
 without one). Errors are JSON, `{"error": "...", "field": "..."}`, with a 4xx status: 400
 for a request that names a bad value (the field says which: `job`, `spec`, `urls[3]`,
 `tier_floor`, `weight`), 401 without the token, 404 for a job, task or dead letter the store
-does not know, 409 for a change the job's state forbids, 503 when the broker or the store
-cannot be reached.
+does not know, 408 for a body that did not arrive within `HUTCH_API_BODY_TIMEOUT`, 409 for a
+change the job's state forbids, 413 for a body over `HUTCH_API_MAX_BODY_BYTES` (`limits`), 503
+when the broker or the store cannot be reached.
 
 A submission is checked whole before anything is sent (every URL, the spec, the tier), then
 goes on the intake queue in messages of up to 1,000 URLs, each confirmed by the broker, as
 `hutch submit` does: a job is accepted whole or refused whole. URLs come inline (`POST
 /jobs`, JSON) or streamed (`POST /jobs/{job}/urls`, multipart: a URL file as `hutch submit`
-reads it, spooled to disk past 1 MiB, so memory stays flat for a file of any length).
+reads it, spooled to disk past 1 MiB, so memory stays flat for a file of any length up to the
+body limit).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from hutch.amqp import PublishFailed
 from hutch.models import DEFAULT_TOP, MAX_TOP, SortKey, Spec, StatusRequest
 from hutch.models import task_id as task_id_of
+from hutch.services.api.limits import LimitBodies
 from hutch.services.control import exports
 from hutch.services.control.dlq import replay_with
 from hutch.services.control.jobs import (
@@ -170,6 +173,9 @@ def build(api: Api) -> FastAPI:
     app.add_exception_handler(RequestValidationError, _invalid)  # type: ignore[arg-type]
     app.add_exception_handler(PublishFailed, _unpublished)  # type: ignore[arg-type]
     app.add_exception_handler(Exception, _failed)
+    # Added before the request counter, so it runs inside it: the 413s and 408s are counted too.
+    settings = api.settings
+    app.add_middleware(LimitBodies, max_bytes=settings.api_max_body_bytes, timeout=settings.api_body_timeout)
 
     @app.middleware("http")
     async def count(request: Request, call_next: Callable[[Request], Any]) -> Response:
