@@ -5,6 +5,7 @@ JSON lines, controls, dead letters, traces, deletes, and the generated OpenAPI d
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import csv
 import io
 import json
@@ -29,13 +30,23 @@ from .conftest import Services, free_port
 
 TOKEN = "t0ken-for-tests-only"
 SPEC = {"fields": {"title": "css:h1::text"}}
+# The API's bounds on a request body, small here so that a test can cross them.
+MAX_BODY = 1024 * 1024
+BODY_TIMEOUT = 1.0
+BOUNDARY = "hutch-test-boundary"
 
 
 @pytest.fixture
 async def api(settings: Settings, services: Services) -> AsyncIterator[httpx.AsyncClient]:
     """The API as its own process beside the services; a client that sends the token."""
     port = free_port()
-    env = service_env(settings, HUTCH_API_PORT=str(port), HUTCH_API_TOKEN=TOKEN)
+    env = service_env(
+        settings,
+        HUTCH_API_PORT=str(port),
+        HUTCH_API_TOKEN=TOKEN,
+        HUTCH_API_MAX_BODY_BYTES=str(MAX_BODY),
+        HUTCH_API_BODY_TIMEOUT=str(BODY_TIMEOUT),
+    )
     supervisor = Supervisor(env, fetchers=0, services=("api",), grace=settings.shutdown_grace)
     await supervisor.start()
     try:
@@ -177,6 +188,124 @@ async def test_a_url_file_streamed_in_is_checked_whole_then_runs_and_controls_ap
     assert again.status_code == 409 and "cancelled" in again.json()["error"]
     domains = (await api.get("/domains", params={"top": 5})).json()
     assert domains["governors"] >= 1 and domains["domains"]
+
+
+def url_file_upload(urls: list[str], size: int) -> bytes:
+    """A multipart body of exactly `size` bytes: the URL file `urls`, padded with a comment."""
+
+    def framed(text: bytes) -> bytes:
+        head = (
+            f'--{BOUNDARY}\r\nContent-Disposition: form-data; name="urls"; filename="urls.txt"\r\n'
+            "Content-Type: text/plain\r\n\r\n"
+        )
+        return head.encode() + text + f"\r\n--{BOUNDARY}--\r\n".encode()
+
+    listed = ("\n".join(urls) + "\n").encode()
+    padding = size - len(framed(b"#\n" + listed))
+    assert padding >= 0
+    body = framed(b"#" + b"." * padding + b"\n" + listed)
+    assert len(body) == size
+    return body
+
+
+async def in_pieces(body: bytes, size: int = 64 * 1024) -> AsyncIterator[bytes]:
+    """`body` as a stream: httpx sends it chunked, with no Content-Length."""
+    for start in range(0, len(body), size):
+        yield body[start : start + size]
+
+
+def over_the_limit(answer: httpx.Response) -> None:
+    assert answer.status_code == 413, answer.text
+    assert answer.json() == {"error": answer.json()["error"], "field": None}
+    assert str(MAX_BODY) in answer.json()["error"] and "HUTCH_API_MAX_BODY_BYTES" in answer.json()["error"]
+
+
+async def test_an_upload_over_the_body_limit_is_413_and_nothing_of_it_is_submitted_while_one_at_it_runs(
+    api: httpx.AsyncClient, sandbox: Sandbox
+) -> None:
+    refused_urls, taken_urls = sandbox.urls()[200:210], sandbox.urls()[210:220]
+    multipart = {"content-type": f"multipart/form-data; boundary={BOUNDARY}"}
+    one_over = url_file_upload(refused_urls, MAX_BODY + 1)
+    # Declared over the limit: refused before the body is read.
+    over_the_limit(await api.post("/jobs/capped/urls", content=one_over, headers=multipart))
+    # Chunked, with no length: refused once the bytes counted pass the limit.
+    over_the_limit(await api.post("/jobs/capped/urls", content=in_pieces(one_over), headers=multipart))
+    # Far over it, more than the sockets buffer: the client, still sending, reads the answer, not a reset.
+    big = ("\n".join(refused_urls) + "\n").encode() + b"#" * (8 * MAX_BODY)
+    over_the_limit(await api.post("/jobs/capped/urls", files={"urls": ("urls.txt", big)}))
+
+    at_the_limit = url_file_upload(taken_urls, MAX_BODY)
+    answer = await api.post("/jobs/capped/urls", content=in_pieces(at_the_limit), headers=multipart)
+    assert answer.status_code == 202, answer.text
+    assert answer.json()["urls"] == len(taken_urls)
+    status = await wait_finished(api, "capped")
+    assert status["total"] == len(taken_urls), status  # none of the refused uploads' URLs
+    async with api.stream("GET", "/jobs/capped/items") as streamed:
+        stored = {json.loads(line)["url"] async for line in streamed.aiter_lines() if line}
+    assert stored and stored <= set(taken_urls)
+
+
+async def test_a_json_body_over_the_limit_sent_chunked_is_413_and_submits_nothing(
+    api: httpx.AsyncClient, sandbox: Sandbox
+) -> None:
+    urls = sandbox.urls()[230:235]
+    # Valid JSON (white space between tokens), over the limit only by its padding.
+    body = json.dumps({"job": "chunked", "urls": urls})[:-1].encode() + b" " * MAX_BODY + b"}"
+    json.loads(body)
+    answer = await api.post("/jobs", content=in_pieces(body), headers={"content-type": "application/json"})
+    over_the_limit(answer)
+    await asyncio.sleep(1.0)  # had anything gone out, the storer would have recorded it by now
+    assert (await api.get("/jobs/chunked")).status_code == 404
+
+
+async def slow_body(base_url: str, dribble: bool) -> tuple[float, bytes]:
+    """A POST /jobs whose head is whole and whose body stops short (or comes a byte every
+    0.1 s, each read by the API well within any per-read timeout): the seconds until the API
+    answered and closed, and what it sent."""
+    parts = httpx.URL(base_url)
+    reader, writer = await asyncio.open_connection(parts.host, parts.port)
+    head = (
+        "POST /jobs HTTP/1.1\r\nHost: api\r\nContent-Type: application/json\r\nContent-Length: 10000\r\n"
+        f"Authorization: Bearer {TOKEN}\r\n\r\n"
+    )
+    writer.write(head.encode() + b'{"job": "stalled", "urls": [')
+    await writer.drain()
+    began = time.monotonic()
+
+    async def send_a_byte_at_a_time() -> None:
+        with contextlib.suppress(ConnectionError):
+            while True:
+                await asyncio.sleep(0.1)
+                writer.write(b" ")
+                await writer.drain()
+
+    dribbling = asyncio.create_task(send_a_byte_at_a_time()) if dribble else None
+    answer = b""
+    try:
+        async with asyncio.timeout(BODY_TIMEOUT + 10):
+            with contextlib.suppress(ConnectionResetError):
+                while chunk := await reader.read(65536):
+                    answer += chunk
+        return time.monotonic() - began, answer
+    finally:
+        if dribbling is not None:
+            dribbling.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await dribbling
+        writer.close()
+
+
+@pytest.mark.parametrize("dribble", [False, True], ids=["stalled", "dribbled"])
+async def test_a_body_that_does_not_arrive_within_the_deadline_is_408_and_the_connection_closes(
+    api: httpx.AsyncClient, dribble: bool
+) -> None:
+    took, answer = await slow_body(str(api.base_url), dribble)
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 408 "), answer[:300]
+    assert BODY_TIMEOUT - 0.1 <= took < BODY_TIMEOUT + 5, took  # the read ended at EOF: closed
+    error = json.loads(body)
+    assert error["field"] is None and "HUTCH_API_BODY_TIMEOUT" in error["error"], error
+    assert (await api.get("/jobs/stalled")).status_code == 404
 
 
 async def test_the_generated_openapi_document_is_valid_and_documents_every_route_and_the_bearer_scheme(
