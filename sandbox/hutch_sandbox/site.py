@@ -21,6 +21,7 @@ test can ask for exactly the trouble it wants:
                            a page encoded in <name>, declared in Content-Type (default), only
                            in a <meta charset> tag, or nowhere
     /hostile/<name>        one hostile answer of the open web (see hutch_sandbox.hostile)
+    /api/products/<i>.json page <i> as a JSON document (see hutch_sandbox.jsonapi)
 
 A site answers whatever the Host header says, so every host name resolved to its port
 (`HUTCH_RESOLVE=*.wide.test:PORT:127.0.0.1`) is served, as one site. Each request is counted
@@ -361,6 +362,10 @@ class SiteServer(Listener):
             from hutch_sandbox import hostile  # the hostile routes use this module's types
 
             return hostile.answer(rest, query)
+        if head == "api" and rest:
+            from hutch_sandbox import jsonapi  # like hostile: it uses this module's types
+
+            return jsonapi.answer(self.name, self.config.pages, rest)
         return None
 
     def _redirect(self, query: dict[str, str]) -> Reply:
