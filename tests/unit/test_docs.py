@@ -47,3 +47,15 @@ def test_readme_lists_every_setting_with_its_default() -> None:
 def test_readme_lists_no_setting_that_does_not_exist() -> None:
     known = {f"HUTCH_{name.upper()}" for name in Settings.model_fields}
     assert set(_readme_rows()) <= known
+
+
+def test_the_readme_spec_example_is_a_spec_that_loads() -> None:
+    import textwrap
+
+    from hutch.services.parser.spec import spec_from_bytes
+
+    text = README.read_text(encoding="utf-8")
+    block = text.split("- A spec is YAML; without one")[1].split("```yaml")[1].split("```")[0]
+    spec = spec_from_bytes(textwrap.dedent(block).encode(), "README.md")
+    assert {rule.kind for rule in spec.fields.values()} == {"css", "xpath", "jmespath"}
+    assert any(rule.re for rule in spec.fields.values()) and spec.item
