@@ -177,12 +177,29 @@ class ItemField(Model):
     required: bool = False
 
 
+class FollowRule(Model):
+    """Links a crawl follows from each page (see `hutch.services.parser.links`): the strings
+    `links` selects, resolved; kept if `allow` is empty or one of them matches, none of `deny`
+    does, and (with `same_domain`) they stay in the page's domain."""
+
+    links: FieldRule
+    allow: list[str] = Field(default_factory=list)
+    deny: list[str] = Field(default_factory=list)
+    same_domain: bool = True
+
+
 class Spec(Model):
     """What to extract from a page, by field name (see `hutch.services.parser.spec`), and
-    optionally the types the item's fields must have (`item`, checked after extraction)."""
+    optionally the types the item's fields must have (`item`, checked after extraction).
+
+    With `follow`, the job is a crawl: the links each page offers become tasks of the job, at
+    most `max_depth` links away from a submitted URL and `max_pages` tasks in all."""
 
     fields: dict[str, FieldRule]
     item: dict[str, ItemField] | None = None
+    follow: list[FollowRule] = Field(default_factory=list)
+    max_depth: int | None = None
+    max_pages: int | None = None
 
 
 class Task(Model):
@@ -267,6 +284,9 @@ class Item(Model):
     status: int
     fields: dict[str, Any]
     parsed_at: float
+    # A crawl's page: the links its spec's `follow:` rules found (absolute, checked, at most
+    # HUTCH_MAX_LINKS_PER_PAGE), for the storer to admit. None: not a crawl.
+    links: list[str] | None = None
 
 
 class DeadLetter(Model):

@@ -353,6 +353,10 @@ class Settings(BaseSettings):
     parse_memory_mb: int = Field(
         512, ge=0, description="MiB of address space a parse worker may add to its own (parse_memory); 0 = no cap"
     )
+    max_links_per_page: int = Field(
+        1000, ge=1, le=100_000,
+        description="links a crawled page may offer (after its follow: rules, once each); the rest are left out",
+    )  # fmt: skip
 
     @field_validator("retry_delays", mode="before")
     @classmethod

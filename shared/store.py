@@ -37,7 +37,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -45,7 +45,7 @@ from hutch.models import DeadLetter, Event, Item, JobControl, Task
 from hutch.postgres import PgConnection, is_postgres, outage_errors, pg_ddl
 from hutch.settings import redact_url
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 STATES = ("new", "queued", "in_flight", "retrying", "stored", "dead")
 TERMINAL = ("stored", "dead")
 JOB_STATES = ("running", "paused", "cancelled")
@@ -151,6 +151,28 @@ _SCHEMA = [
     ALTER TABLE attempts ADD COLUMN span_id TEXT;
     ALTER TABLE attempts ADD COLUMN fetcher TEXT;
     """,
+    # version 6: crawls. `depth`: a task's shortest known distance from the job's submitted
+    # URLs (NULL: a submitted URL, depth 0); `page_links`: the links each crawled page offered,
+    # kept so that a page found closer later has them followed again; `crawls`: each crawl
+    # job's counts for `hutch status`, and the row that serialises its admissions.
+    """
+    ALTER TABLE tasks ADD COLUMN depth INTEGER;
+    CREATE TABLE page_links (
+        task_id TEXT PRIMARY KEY,
+        job TEXT NOT NULL,
+        links TEXT NOT NULL
+    );
+    CREATE INDEX page_links_by_job ON page_links (job);
+    CREATE TABLE crawls (
+        job TEXT PRIMARY KEY,
+        discovered INTEGER NOT NULL DEFAULT 0,
+        admitted INTEGER NOT NULL DEFAULT 0,
+        duplicates INTEGER NOT NULL DEFAULT 0,
+        over_depth INTEGER NOT NULL DEFAULT 0,
+        over_pages INTEGER NOT NULL DEFAULT 0,
+        depth INTEGER NOT NULL DEFAULT 0
+    );
+    """,
 ]
 
 
@@ -176,6 +198,33 @@ def is_outage(exc: BaseException) -> bool:
     if "psycopg" in sys.modules and isinstance(exc, outage_errors()):
         return True
     return type(exc) is sqlite3.DatabaseError
+
+
+# A crawl's counts, as `hutch status` shows them: links the pages offered, tasks the job has
+# (its submitted URLs included), links already admitted, links past max_depth or max_pages, and
+# the deepest depth admitted.
+CRAWL_COUNTS = ("discovered", "admitted", "duplicates", "over_depth", "over_pages", "depth")
+# A link a crawled page offered, as the storer admits it: (task id from its canonical form,
+# the URL to fetch, its domain).
+Link = tuple[str, str, str]
+
+
+@dataclass(frozen=True)
+class CrawlLimits:
+    max_depth: int | None  # None: no limit
+    max_pages: int | None
+
+
+@dataclass
+class _Admission:
+    """One admission's running state: the job's task count, what to publish, the counts."""
+
+    admitted: int
+    reached: int = 0
+    publish: dict[str, Task] = field(default_factory=dict)
+    counts: dict[str, int] = field(
+        default_factory=lambda: dict.fromkeys(("discovered", "duplicates", "over_depth", "over_pages"), 0)
+    )
 
 
 @dataclass(frozen=True)
@@ -208,6 +257,9 @@ class JobCounts:
     cancelled: int = 0  # dead because the job was cancelled (reason `cancelled`)
     state: str = "running"  # one of JOB_STATES, as the `jobs` stream last set it
     weight: float = 1.0  # its share of each domain's rate against other jobs there
+    # A crawl's counts (Store.crawl_counts): links discovered, admitted, duplicates, over
+    # max_depth, over max_pages, and the deepest depth admitted. None: not a crawl, or no link yet.
+    crawl: dict[str, int] | None = None
 
     @property
     def done(self) -> bool:
@@ -372,6 +424,8 @@ class Store:
                 "dead": self.db.execute("DELETE FROM dead WHERE job = ?", (name,)).rowcount,
                 "tasks": self.db.execute("DELETE FROM tasks WHERE job = ?", (name,)).rowcount,
             }
+            self.db.execute("DELETE FROM page_links WHERE job = ?", (name,))
+            self.db.execute("DELETE FROM crawls WHERE job = ?", (name,))
             self.db.execute("DELETE FROM jobs WHERE name = ?", (name,))
         return gone
 
@@ -595,6 +649,142 @@ class Store:
             self.db.execute("UPDATE tasks SET attempts = GREATEST(attempts, ?) WHERE id = ?", (task.attempts, task.id))
             self._transition_in_tx(task.id, "stored", "ok")
 
+    # -- crawls ---------------------------------------------------------------------------
+
+    def admit_links(self, parent: Task, links: list[Link], limits: CrawlLimits) -> list[Task]:
+        """Admit the links a crawled page offered; the tasks to publish (recorded as `new`).
+
+        Each link is admitted at most once per job (its id comes from its canonical form), at
+        the parent's depth + 1, while that is within `max_depth` and the job has fewer than
+        `max_pages` tasks. A link already admitted deeper gets the shorter depth, and if its
+        page was crawled, the links that page offered are offered again from there (recorded in
+        `page_links`): so the pages admitted are those a breadth-first walk reaches within
+        `max_depth`, whatever order the pages were fetched in. The job's `crawls` row is
+        updated first, which locks it: admissions of one job never interleave.
+
+        The same page offered again (its item redelivered) admits nothing new and counts
+        nothing twice; it returns the children still `new`, which were recorded but whose
+        publish was not confirmed before the storer stopped.
+        """
+        job = parent.job
+        with self._tx():
+            self.db.execute(
+                "INSERT INTO crawls (job, admitted) SELECT ?, COUNT(*) FROM tasks WHERE job = ? "
+                "ON CONFLICT (job) DO NOTHING",
+                (job, job),
+            )
+            row = self.db.execute(
+                "UPDATE crawls SET admitted = admitted WHERE job = ? RETURNING admitted", (job,)
+            ).fetchone()
+            walk = _Admission(admitted=int(row[0]))
+            first = (
+                self.db.execute(
+                    "INSERT INTO page_links (task_id, job, links) VALUES (?, ?, ?) ON CONFLICT (task_id) DO NOTHING",
+                    (parent.id, job, json.dumps(links)),
+                ).rowcount
+                == 1
+            )
+            found = self.db.execute("SELECT depth FROM tasks WHERE id = ?", (parent.id,)).fetchone()
+            depth = int(found[0]) if found is not None and found[0] is not None else 0
+            offers: list[tuple[int, list[Link], bool]] = [(depth + 1, links, first)]
+            while offers:
+                at, offered, count = offers.pop(0)
+                if count:
+                    walk.counts["discovered"] += len(offered)
+                if limits.max_depth is not None and at > limits.max_depth:
+                    walk.counts["over_depth"] += len(offered) if count else 0
+                    continue
+                known = self._known_depths([link[0] for link in offered])
+                offers += self._closer(offered, known, at, walk if count else None)
+                self._admit_new(parent, offered, known, at, limits, walk, count)
+            if not first:  # a redelivery: what was recorded but maybe never published
+                for message in self._still_new([link[0] for link in links]):
+                    task = Task.model_validate_json(message)
+                    walk.publish.setdefault(task.id, task)
+            c = walk.counts
+            self.db.execute(
+                "UPDATE crawls SET discovered = discovered + ?, admitted = ?, duplicates = duplicates + ?, "
+                "over_depth = over_depth + ?, over_pages = over_pages + ?, depth = GREATEST(depth, ?) WHERE job = ?",
+                (c["discovered"], walk.admitted, c["duplicates"], c["over_depth"], c["over_pages"], walk.reached, job),
+            )
+        return list(walk.publish.values())
+
+    def _closer(
+        self, offered: list[Link], known: dict[str, int], at: int, walk: _Admission | None
+    ) -> list[tuple[int, list[Link], bool]]:
+        """Give the known links found closer (`at`) that depth; the links their pages offered,
+        to offer again one step further. Counts the duplicates in `walk`, when given."""
+        again: list[tuple[int, list[Link], bool]] = []
+        for link_id, _, _ in offered:
+            if link_id not in known:
+                continue
+            if walk is not None:
+                walk.counts["duplicates"] += 1
+            if known[link_id] <= at:
+                continue
+            self.db.execute("UPDATE tasks SET depth = ? WHERE id = ?", (at, link_id))
+            known[link_id] = at
+            held = self.db.execute("SELECT links FROM page_links WHERE task_id = ?", (link_id,)).fetchone()
+            if held is not None:
+                again.append((at + 1, [(str(a), str(b), str(c)) for a, b, c in json.loads(held[0])], False))
+        return again
+
+    def _admit_new(
+        self,
+        parent: Task,
+        offered: list[Link],
+        known: dict[str, int],
+        at: int,
+        limits: CrawlLimits,
+        walk: _Admission,
+        count: bool,
+    ) -> None:
+        """Record the links not known yet as `new` tasks at depth `at`, while the job has room."""
+        now = time.time()
+        for link_id, url, domain in offered:
+            if link_id in known or link_id in walk.publish:
+                continue
+            if limits.max_pages is not None and walk.admitted >= limits.max_pages:
+                walk.counts["over_pages"] += 1 if count else 0
+                continue
+            task = Task(id=link_id, job=parent.job, url=url, domain=domain, spec=parent.spec,
+                        tier_floor=parent.tier_floor)  # fmt: skip
+            inserted = self.db.execute(
+                "INSERT INTO tasks (id, job, url, domain, message, state, depth, created_at, updated_at) "
+                "VALUES (?, ?, ?, ?, ?, 'new', ?, ?, ?) ON CONFLICT (id) DO NOTHING",
+                (link_id, parent.job, url, domain, task.model_dump_json(exclude_none=True), at, now, now),
+            ).rowcount
+            if inserted:
+                walk.publish[link_id] = task
+                walk.admitted += 1
+                walk.reached = max(walk.reached, at)
+
+    def _known_depths(self, ids: list[str]) -> dict[str, int]:
+        """Depth of each of `ids` the job already has (a submitted URL: 0)."""
+        known: dict[str, int] = {}
+        for chunk in _chunks(list(dict.fromkeys(ids)), 500):
+            marks = ",".join("?" * len(chunk))
+            for row in self.db.execute(f"SELECT id, depth FROM tasks WHERE id IN ({marks})", chunk):
+                known[str(row[0])] = 0 if row[1] is None else int(row[1])
+        return known
+
+    def _still_new(self, ids: list[str]) -> list[str]:
+        messages: list[str] = []
+        for chunk in _chunks(list(dict.fromkeys(ids)), 500):
+            marks = ",".join("?" * len(chunk))
+            rows = self.db.execute(
+                f"SELECT message FROM tasks WHERE state = 'new' AND message IS NOT NULL AND id IN ({marks})", chunk
+            )
+            messages += [str(row[0]) for row in rows]
+        return messages
+
+    def crawl_counts(self, job: str) -> dict[str, int] | None:
+        """A crawl job's counts (`CRAWL_COUNTS`); None for a job that has admitted no link yet."""
+        row = self.db.execute(f"SELECT {', '.join(CRAWL_COUNTS)} FROM crawls WHERE job = ?", (job,)).fetchone()
+        if row is None:
+            return None
+        return {key: int(value) for key, value in zip(CRAWL_COUNTS, tuple(row), strict=True)}
+
     def record_dead(self, letter: DeadLetter, message_id: str) -> None:
         """Record a dead letter in the ledger, and its task as dead.
 
@@ -748,6 +938,10 @@ class Store:
         controls = {
             str(row[0]): (str(row[1]), float(row[2])) for row in self.db.execute("SELECT name, state, weight FROM jobs")
         }
+        crawls = {
+            str(row[0]): dict(zip(CRAWL_COUNTS, (int(v) for v in tuple(row)[1:]), strict=True))
+            for row in self.db.execute(f"SELECT job, {', '.join(CRAWL_COUNTS)} FROM crawls")
+        }
         result = []
         for row in self.db.execute(query, params):
             total, stored, dead = row["total"], row["stored"] or 0, row["dead"] or 0
@@ -765,6 +959,7 @@ class Store:
                     row["cancelled"] or 0,
                     state,
                     weight,
+                    crawls.get(row["job"]),
                 )
             )
         if job is not None and not result and job in controls:

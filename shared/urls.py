@@ -169,3 +169,17 @@ def _normalised_host(host: str) -> str:
             return _normalised_host(encoded)
         raise _BadHost("host ends in a number but is not an IPv4 address")
     return encoded
+
+
+def canonical_url(checked: str) -> str:
+    """The form by which a crawl admits a URL once per job, for a URL `check_url` returned.
+
+    `check_url` has already lower-cased the scheme and host and dropped a default port; this
+    adds `w3lib.url.canonicalize_url` (Scrapy's): the fragment dropped, the query's arguments
+    sorted, percent-escapes made upper-case and applied where the path needs them, `.` and `..`
+    segments resolved. So `HTTP://Site:80/a/../b?y=2&x=1#top` and `http://site/b?x=1&y=2` are one
+    page. The URL fetched stays the one first found; only the task's id comes from this form.
+    """
+    from w3lib.url import canonicalize_url  # a parsel dependency; imported where crawls need it
+
+    return canonicalize_url(checked, keep_fragments=False)

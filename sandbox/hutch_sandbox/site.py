@@ -22,6 +22,8 @@ test can ask for exactly the trouble it wants:
                            in a <meta charset> tag, or nowhere
     /hostile/<name>        one hostile answer of the open web (see hutch_sandbox.hostile)
     /api/products/<i>.json page <i> as a JSON document (see hutch_sandbox.jsonapi)
+    /crawl/...             a small site to crawl: pagination, cycles, one page spelled many
+                           ways, other domains (see hutch_sandbox.crawlsite)
 
 A site answers whatever the Host header says, so every host name resolved to its port
 (`HUTCH_RESOLVE=*.wide.test:PORT:127.0.0.1`) is served, as one site. Each request is counted
@@ -40,6 +42,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 from urllib.parse import quote, unquote
 
+from hutch_sandbox import crawlsite
 from hutch_sandbox.accesslog import AccessLog, AccessRecord
 from hutch_sandbox.config import SandboxConfig, SiteConfig
 from hutch_sandbox.hostcount import MAX_HOST_CHARS, HostCounter
@@ -313,6 +316,9 @@ class SiteServer(Listener):
     def _special(self, request: Request) -> Outcome | None:
         """The fixed answer for a trouble path, or None for a normal (or unknown) path."""
         head, _, rest = request.path[1:].partition("/")
+        if head == "crawl":  # the crawl graph (hutch_sandbox.crawlsite)
+            html = crawlsite.page(request.path, request.query, request.header("host") or "", self.port)
+            return _html(200, html) if html is not None else _text(404, "no such page")
         try:
             fixed = self._fixed(request.path, request.query)
             return fixed if fixed is not None else self._under(head, rest, request.query)

@@ -341,6 +341,14 @@ def print_status(rows: list[JobCounts], costs: list[dict[str, Any]], as_json: bo
             f"{shown(row.job):<24} {job_state_text(row):<16} {row.total:>8} {row.stored:>8} {row.dead:>8} "
             f"{row.cancelled:>9} {row.pending:>8} {row.in_flight:>9} {row.stalled:>8} {row.rescued:>8}"
         )
+    for row in rows:
+        if row.crawl:
+            c = row.crawl
+            print(
+                f"crawl {shown(row.job)}: {c['discovered']} links found, {c['admitted']} pages admitted, "
+                f"{c['duplicates']} duplicates, {c['over_depth']} beyond max_depth, {c['over_pages']} beyond "
+                f"max_pages; depth {c['depth']} reached"
+            )
     if costs:
         print()
         print(f"{'job':<24} {'domain':<28} {'tier':<12} {'requests':>8} {'ok':>8} {'est. cost':>10}")

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hutch.amqp import Broker
+from hutch.crawl import crawl_task_id, is_crawl
 from hutch.models import MAX_SUBMISSION_URLS, Spec, Submission, Task, task_id
 from hutch.store import AsyncStore
 from hutch.topology import INTAKE_KEY
@@ -183,6 +184,7 @@ async def submit(
     await store.run(lambda s: s.add_job(job, spec_data))
     result = Submitted(job, 0, 0, 0)
     batch: dict[str, Task] = {}
+    crawl = is_crawl(spec)  # a crawl admits a URL once by its canonical form (hutch.crawl)
 
     async def flush() -> None:
         rows = [(t.id, t.job, t.url, t.domain) for t in batch.values()]
@@ -203,7 +205,7 @@ async def submit(
         result.lines += 1
         checked = check_url(text, max_url_bytes)
         url = checked.url
-        tid = task_id(job, url)
+        tid = crawl_task_id(job, url) if crawl else task_id(job, url)
         if tid not in batch:
             batch[tid] = Task(id=tid, job=job, url=url, domain=checked.domain, spec=spec, tier_floor=tier_floor)
         if len(batch) >= BATCH:

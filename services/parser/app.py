@@ -17,8 +17,10 @@ import time
 from hutch.amqp import Dead, Delivery
 from hutch.models import Item, Page
 from hutch.service import Service
+from hutch.services.parser.links import CrawlBounds
 from hutch.services.parser.pool import Limits, ParseFailed, ParsePool
 from hutch.topology import STORE_KEY
+from hutch.urls import InvalidURL, check_url
 
 
 class Parser(Service):
@@ -39,14 +41,27 @@ class Parser(Service):
     async def _on_page(self, page: Page, _: Delivery) -> None:
         started = time.monotonic()
         try:
-            fields = await self.pool.extract(page.text, page.final_url, page.status, page.task.spec)
+            spec = page.task.spec
+            crawl = None
+            if spec is not None and spec.follow:
+                s = self.settings
+                crawl = CrawlBounds(self._domain_of(page), s.max_links_per_page, s.max_url_bytes)
+            fields, links = await self.pool.extract_page(page.text, page.final_url, page.status, spec, crawl)
         except ParseFailed as failed:
             self.metrics.parsed.labels(failed.reason).inc()
             raise Dead(failed.reason, failed.detail) from None
         self.metrics.parsed.labels("ok").inc()
         self.metrics.parse_seconds.observe(time.monotonic() - started)
-        item = Item(task=page.task, status=page.status, fields=fields, parsed_at=time.time())
+        item = Item(task=page.task, status=page.status, fields=fields, parsed_at=time.time(), links=links)
         await self.broker.publish(self.broker.topology.work, STORE_KEY, item)
+
+    @staticmethod
+    def _domain_of(page: Page) -> str:
+        """The domain the page was fetched from (after redirects): `same_domain` keeps to it."""
+        try:
+            return check_url(page.final_url).domain
+        except InvalidURL:
+            return page.task.domain
 
 
 SERVICE = Parser

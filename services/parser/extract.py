@@ -33,6 +33,7 @@ from parsel import Selector
 from w3lib.html import replace_entities
 
 from hutch.models import FieldRule, Spec
+from hutch.services.parser.links import CrawlBounds, Found, discover
 from hutch.services.parser.schema import check_item
 
 _REPR = reprlib.Repr()
@@ -156,8 +157,21 @@ def extract(text: str, url: str, status: int, spec: Spec | None, max_bytes: int 
     """The item of one page; `ItemTooLarge` when its JSON would pass `max_bytes`, `NotJSON`
     for a JMESPath field on a page that is not JSON, `ItemInvalid` when the item does not
     fit the spec's `item:` schema."""
-    budget = _Budget(max_bytes)
+    return _fields(_Page(text, url), url, status, spec, max_bytes)
+
+
+def extract_crawled(
+    text: str, url: str, status: int, spec: Spec, max_bytes: int | None, crawl: CrawlBounds
+) -> tuple[dict[str, Any], Found]:
+    """A crawl's page: its item (as `extract`) and the links its `follow:` rules find (see
+    `links.discover`), the page parsed once for both."""
     page = _Page(text, url)
+    fields = _fields(page, url, status, spec, max_bytes)
+    return fields, discover(page.selector, url, crawl.domain, spec.follow, crawl.max_links, crawl.max_url_bytes)
+
+
+def _fields(page: _Page, url: str, status: int, spec: Spec | None, max_bytes: int | None) -> dict[str, Any]:
+    budget = _Budget(max_bytes)
     if spec is None:
         title = page.selector.css("title::text").get()
         fields: dict[str, Any] = {"url": url, "status": status, "title": title.strip() if title else None}

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import multiprocessing
@@ -42,6 +43,7 @@ from multiprocessing.process import BaseProcess
 from typing import Any, Literal
 
 from hutch.models import Spec
+from hutch.services.parser.links import CrawlBounds
 
 log = logging.getLogger(__name__)
 
@@ -83,17 +85,24 @@ def _cap_memory(extra: int) -> None:
 
 def answer(request: bytes, max_item_bytes: int) -> bytes:
     """A worker's answer (JSON bytes) to one request (JSON bytes): the item or a failure."""
-    from hutch.services.parser.extract import ItemTooLarge, NotJSON, extract
+    from hutch.services.parser.extract import ItemTooLarge, NotJSON, extract, extract_crawled
+    from hutch.services.parser.links import CrawlBounds
     from hutch.services.parser.schema import ItemInvalid
 
     try:
         page = json.loads(request)
         spec = Spec.model_validate(page["spec"]) if page["spec"] is not None else None
-        fields = extract(page["text"], page["url"], page["status"], spec, max_item_bytes)
+        links: bytes = b""
+        if spec is not None and spec.follow and page.get("crawl") is not None:
+            bounds = CrawlBounds(**page["crawl"])
+            fields, found = extract_crawled(page["text"], page["url"], page["status"], spec, max_item_bytes, bounds)
+            links = b', "links": ' + _links_json(found.links, max_item_bytes)
+        else:
+            fields = extract(page["text"], page["url"], page["status"], spec, max_item_bytes)
         item = json.dumps(fields, ensure_ascii=False).encode("utf-8")
         if len(item) > max_item_bytes:
             raise ItemTooLarge(f"item passes {max_item_bytes} bytes of JSON")
-        return b'{"fields": ' + item + b"}"
+        return b'{"fields": ' + item + links + b"}"
     except ItemTooLarge as exc:
         return _failure("item_too_large", str(exc))
     except NotJSON as exc:
@@ -106,6 +115,17 @@ def answer(request: bytes, max_item_bytes: int) -> bytes:
         if _libxml2_out_of_memory(exc):
             return _failure("parse_memory", "the worker's memory cap was reached inside libxml2")
         return _failure("parse_error", f"{type(exc).__name__}: {exc}")
+
+
+def _links_json(links: list[str], max_bytes: int) -> bytes:
+    """The links as a JSON list of at most `max_bytes`: those past it are left out."""
+    size, kept = 2, []
+    for link in links:
+        size += len(link.encode("utf-8")) + 4  # quotes, comma, space
+        if size > max_bytes:
+            break
+        kept.append(link)
+    return json.dumps(kept, ensure_ascii=False).encode("utf-8")
 
 
 def _libxml2_out_of_memory(exc: Exception) -> bool:
@@ -196,7 +216,8 @@ class _Slot:
             if not self.conn.poll(self.limits.timeout):
                 self.replace()
                 return {"failure": "parse_timeout", "detail": f"extraction passed {self.limits.timeout:g}s"}
-            found: dict[str, Any] = json.loads(self.conn.recv_bytes(self.limits.max_item_bytes + _ANSWER_SLACK))
+            # The item and, for a crawl's page, its links: each at most max_item_bytes.
+            found: dict[str, Any] = json.loads(self.conn.recv_bytes(2 * self.limits.max_item_bytes + _ANSWER_SLACK))
         except (EOFError, OSError):
             self.process.join(1.0)
             code = self.process.exitcode
@@ -228,10 +249,25 @@ class ParsePool:
         """Workers started beyond the first of each slot: how many were killed or died."""
         return sum(slot.started - 1 for slot in self._slots if slot.started)
 
-    async def extract(self, text: str, url: str, status: int, spec: Spec | None) -> dict[str, Any]:
-        """The item's fields, or `ParseFailed` with the reason."""
+    async def extract(
+        self, text: str, url: str, status: int, spec: Spec | None, crawl: CrawlBounds | None = None
+    ) -> dict[str, Any]:
+        """The item's fields, or `ParseFailed` with the reason; see `extract_page`."""
+        return (await self.extract_page(text, url, status, spec, crawl))[0]
+
+    async def extract_page(
+        self, text: str, url: str, status: int, spec: Spec | None, crawl: CrawlBounds | None = None
+    ) -> tuple[dict[str, Any], list[str] | None]:
+        """The item's fields and, for a crawl's page (`crawl` given, the spec with `follow:`),
+        the links to offer; or `ParseFailed` with the reason."""
         request = json.dumps(
-            {"text": text, "url": url, "status": status, "spec": spec.model_dump() if spec else None},
+            {
+                "text": text,
+                "url": url,
+                "status": status,
+                "spec": spec.model_dump() if spec else None,
+                "crawl": dataclasses.asdict(crawl) if crawl is not None else None,
+            },
             ensure_ascii=False,
         ).encode("utf-8")
         slot = await self._idle.get()
@@ -243,7 +279,8 @@ class ParsePool:
         if "failure" in found:
             raise ParseFailed(found["failure"], str(found.get("detail", "")))
         fields: dict[str, Any] = found["fields"]
-        return fields
+        links: list[str] | None = found.get("links")
+        return fields, links
 
     async def close(self) -> None:
         loop = asyncio.get_running_loop()

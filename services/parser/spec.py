@@ -56,12 +56,17 @@ import yaml
 from parsel import Selector
 from parsel.csstranslator import HTMLTranslator
 
-from hutch.models import FieldRule, ItemField, ItemType, Spec
+from hutch.models import FieldRule, FollowRule, ItemField, ItemType, Spec
 
 DEFAULT_FIELDS = ("url", "status", "title")
 MAX_SPEC_BYTES = 64 * 1024
 MAX_FIELDS = 200
 MAX_EXPR_CHARS = 4096
+MAX_FOLLOW_RULES = 20
+MAX_PATTERNS = 100  # allow: or deny: expressions of one rule
+MAX_DEPTH = 1000
+MAX_PAGES = 100_000_000
+DEFAULT_MAX_PAGES = 100_000  # a crawl's pages when its spec does not say
 _QUOTE_CHARS = 80
 _TRANSLATOR = HTMLTranslator()
 _REPR = reprlib.Repr()
@@ -204,10 +209,76 @@ def _item(data: Any, fields: dict[str, FieldRule]) -> dict[str, ItemField]:
     return schema
 
 
+def _patterns(where: str, value: Any) -> list[str]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise SpecError(f"{where}: expected a list of regular expressions")
+    if len(value) > MAX_PATTERNS:
+        raise SpecError(f"{where}: {len(value)} expressions; at most {MAX_PATTERNS}")
+    for n, pattern in enumerate(value):
+        if not pattern or len(pattern) > MAX_EXPR_CHARS:
+            raise SpecError(f"{where}[{n}]: expected 1 to {MAX_EXPR_CHARS} characters")
+        try:
+            re.compile(pattern)
+        except Exception as exc:  # re.error, and RecursionError or OverflowError on odd patterns
+            broken = f"broken regular expression {_quote(pattern)}"
+            raise SpecError(f"{where}[{n}]: {broken}: {_one_line(str(exc), 120)}") from None
+    return list(value)
+
+
+def _follow(data: Any) -> list[FollowRule]:
+    """The `follow:` rules of a crawl: which links of each page become tasks."""
+    if not isinstance(data, list) or not data:
+        raise SpecError("follow: expected a non-empty list of rules ({links: ..., allow: [...], deny: [...]})")
+    if len(data) > MAX_FOLLOW_RULES:
+        raise SpecError(f"follow: {len(data)} rules; at most {MAX_FOLLOW_RULES}")
+    rules = []
+    for n, value in enumerate(data):
+        where = f"follow[{n}]"
+        if not isinstance(value, dict) or "links" not in value:
+            raise SpecError(f"{where}: expected a mapping with links: (a css: or xpath: selector)")
+        unknown = set(value) - {"links", "allow", "deny", "same_domain"}
+        if unknown:
+            shown = ", ".join(_quote(str(key), 40) for key in sorted(map(str, unknown))[:5])
+            raise SpecError(f"{where}: unknown keys [{shown}]")
+        try:
+            links = _rule("links", value["links"])
+        except SpecError as exc:
+            raise SpecError(f"{where}.{exc}") from None
+        if links.kind == "jmespath":
+            raise SpecError(f"{where}.links: a css: or xpath: selector (links are read from HTML)")
+        same_domain = value.get("same_domain", True)
+        if not isinstance(same_domain, bool):
+            raise SpecError(f"{where}.same_domain: must be true or false, got {_quote(same_domain)}")
+        allow = _patterns(f"{where}.allow", value.get("allow", []))
+        deny = _patterns(f"{where}.deny", value.get("deny", []))
+        rules.append(FollowRule(links=links, allow=allow, deny=deny, same_domain=same_domain))
+    return rules
+
+
+def _limit(key: str, value: Any, low: int, high: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+        raise SpecError(f"{key}: expected a whole number from {low:,} to {high:,}, got {_quote(value)}")
+    return value
+
+
+def _crawl(data: dict[Any, Any]) -> dict[str, Any]:
+    """The crawl keys of a spec (follow:, max_depth:, max_pages:), checked."""
+    if "follow" not in data:
+        extra = sorted({"max_depth", "max_pages"} & set(data))
+        if extra:
+            raise SpecError(f"{extra[0]}: only with follow: (a crawl)")
+        return {}
+    return {
+        "follow": _follow(data["follow"]),
+        "max_depth": _limit("max_depth", data["max_depth"], 0, MAX_DEPTH) if "max_depth" in data else None,
+        "max_pages": _limit("max_pages", data.get("max_pages", DEFAULT_MAX_PAGES), 1, MAX_PAGES),
+    }
+
+
 def parse_spec(data: Any, source: str = "spec") -> Spec:
     if not isinstance(data, dict) or not isinstance(data.get("fields"), dict) or not data["fields"]:
         raise SpecError(f"{source}: expected a mapping with a non-empty 'fields:' mapping")
-    unknown = set(data) - {"fields", "item"}
+    unknown = set(data) - {"fields", "item", "follow", "max_depth", "max_pages"}
     if unknown:
         shown = ", ".join(_quote(str(key), 40) for key in sorted(map(str, unknown))[:5])
         raise SpecError(f"{source}: unknown keys [{shown}]")
@@ -216,9 +287,10 @@ def parse_spec(data: Any, source: str = "spec") -> Spec:
     try:
         fields = {str(name): _rule(str(name), value) for name, value in data["fields"].items()}
         item = _item(data["item"], fields) if "item" in data else None
+        crawl = _crawl(data)
     except SpecError as exc:
         raise SpecError(f"{source}: {exc}") from None
-    return Spec(fields=fields, item=item)
+    return Spec(fields=fields, item=item, **crawl)
 
 
 def spec_document(spec: Spec) -> dict[str, Any]:
@@ -231,6 +303,16 @@ def spec_document(spec: Spec) -> dict[str, Any]:
     document: dict[str, Any] = {"fields": fields}
     if spec.item is not None:
         document["item"] = {name: {"type": f.type, "required": f.required} for name, f in spec.item.items()}
+    if spec.follow:
+        document["follow"] = [
+            {"links": {rule.links.kind: rule.links.expr}, "allow": rule.allow, "deny": rule.deny,
+             "same_domain": rule.same_domain}
+            for rule in spec.follow
+        ]  # fmt: skip
+        if spec.max_depth is not None:
+            document["max_depth"] = spec.max_depth
+        if spec.max_pages is not None:
+            document["max_pages"] = spec.max_pages
     return document
 
 

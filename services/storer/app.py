@@ -29,13 +29,14 @@ import logging
 import time
 
 from hutch.amqp import Dead, Delivery, PublishFailed, Requeue, queue_depth
-from hutch.models import AnyEvent, DeadLetter, Item, JobControl, Rescued, Submission
+from hutch.crawl import crawl_links
+from hutch.models import AnyEvent, DeadLetter, Item, JobControl, Rescued, Submission, Task
 from hutch.service import Service
 from hutch.services.control.submit import JobNameError, check_job_name, submit
 from hutch.services.proxy_manager.pool import TIERS
 from hutch.services.storer import reconcile
 from hutch.services.storer.writer import GroupWriter, Write
-from hutch.store import AsyncStore, Silent, Store, StoreUnavailable, is_outage
+from hutch.store import AsyncStore, CrawlLimits, Silent, Store, StoreUnavailable, is_outage
 from hutch.topology import rescued_key
 from hutch.urls import InvalidURL, check_url
 
@@ -107,8 +108,33 @@ class Storer(Service):
             raise Requeue() from None
 
     async def _on_item(self, item: Item, _: Delivery) -> None:
-        await self._write(lambda store: store.store_item(item))
+        if item.links is None:
+            await self._write(lambda store: store.store_item(item))
+        else:
+            await self._store_crawled(item, item.links)
         self.metrics.stored.inc()
+
+    async def _store_crawled(self, item: Item, links: list[str]) -> None:
+        """Store a crawled page's item and admit its links in one transaction, then publish the
+        admitted tasks and mark them queued; the item is acked only after all of it, so a
+        storer that stops midway has the item again and publishes what is still `new`."""
+        spec = item.task.spec
+        limits = CrawlLimits(spec.max_depth, spec.max_pages) if spec is not None else CrawlLimits(0, 0)
+        offered = crawl_links(item.task.job, links, self.settings.max_url_bytes, self.settings.max_links_per_page)
+        admitted: list[Task] = []
+
+        def write(store: Store) -> None:
+            store.store_item(item)
+            admitted[:] = store.admit_links(item.task, offered, limits)  # a group retried sets it anew
+
+        await self._write(write)
+        if not admitted:
+            return
+        topology = self.broker.topology
+        await asyncio.gather(
+            *(self.broker.publish(topology.frontier, topology.shard_key(task.domain), task) for task in admitted)
+        )
+        await self._write(lambda store: store.mark_queued([task.id for task in admitted]))
 
     async def _on_event(self, message: AnyEvent, _: Delivery) -> None:
         events = message.events()

@@ -79,7 +79,7 @@ def extra_env() -> dict[str, str]:
 @contextlib.asynccontextmanager
 async def running_services(settings: Settings, sandbox: Sandbox, extra_env: dict[str, str]) -> AsyncIterator[Services]:
     """The five services (one fetcher) on these settings, let through to the sandbox's sites."""
-    env = service_env(settings, HUTCH_ALLOWED_TARGETS=",".join(sandbox.allowed_targets()), **extra_env)
+    env = service_env(settings, **{"HUTCH_ALLOWED_TARGETS": ",".join(sandbox.allowed_targets()), **extra_env})
     supervisor = Supervisor(env, fetchers=1, grace=settings.shutdown_grace)
     await supervisor.start()
     try:

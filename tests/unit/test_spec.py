@@ -160,8 +160,8 @@ def test_a_spec_without_a_non_empty_fields_mapping_is_refused(data: object) -> N
 
 
 def test_unknown_top_level_keys_are_refused() -> None:
-    with pytest.raises(SpecError, match=r"unknown keys \['follow', 'limit'\]"):
-        parse_spec({"fields": {"t": "css:title"}, "limit": 5, "follow": True})
+    with pytest.raises(SpecError, match=r"unknown keys \['depth', 'limit'\]"):
+        parse_spec({"fields": {"t": "css:title"}, "limit": 5, "depth": True})
 
 
 def test_the_error_names_the_source_and_the_field() -> None:
@@ -484,3 +484,39 @@ def test_spec_document_survives_json_and_the_wire_model() -> None:
 def test_spec_document_leaves_out_what_a_spec_does_not_use() -> None:
     document = spec_document(parse_spec({"fields": {"t": "css:title"}}))
     assert document == {"fields": {"t": {"css": "title", "many": False}}}
+
+
+def test_a_crawl_spec_reads_its_follow_rules_and_limits_and_writes_them_back() -> None:
+    spec = parse_spec(
+        {
+            "fields": {"title": "css:title::text"},
+            "follow": [{"links": "css:a::attr(href)", "allow": [r"\.html$"], "deny": ["/print/"]}],
+            "max_depth": 2,
+        }
+    )
+    (rule,) = spec.follow
+    assert (rule.links.kind, rule.links.expr) == ("css", "a::attr(href)")
+    assert (rule.allow, rule.deny) == ([r"\.html$"], ["/print/"])
+    assert rule.same_domain and spec.max_depth == 2 and spec.max_pages == 100_000
+    assert parse_spec(spec_document(spec)) == spec
+
+
+@pytest.mark.parametrize(
+    ("crawl", "message"),
+    [
+        ({"max_depth": 2}, "max_depth: only with follow:"),
+        ({"follow": []}, "follow: expected a non-empty list"),
+        ({"follow": [{"allow": ["x"]}]}, r"follow\[0\]: expected a mapping with links:"),
+        ({"follow": [{"links": "css:a", "bogus": 1}]}, r"follow\[0\]: unknown keys \['bogus'\]"),
+        ({"follow": [{"links": "jmespath:a"}]}, r"follow\[0\].links: a css: or xpath: selector"),
+        ({"follow": [{"links": "css:a["}]}, r"follow\[0\].field 'links': broken css selector"),
+        ({"follow": [{"links": "css:a", "deny": ["("]}]}, r"follow\[0\].deny\[0\]: broken regular expression"),
+        ({"follow": [{"links": "css:a", "allow": "x"}]}, r"follow\[0\].allow: expected a list"),
+        ({"follow": [{"links": "css:a", "same_domain": "yes"}]}, r"follow\[0\].same_domain: must be true or false"),
+        ({"follow": [{"links": "css:a"}], "max_depth": -1}, "max_depth: expected a whole number from 0"),
+        ({"follow": [{"links": "css:a"}], "max_pages": 0}, "max_pages: expected a whole number from 1"),
+    ],
+)
+def test_crawl_keys_are_checked_and_the_error_names_the_key(crawl: dict[str, object], message: str) -> None:
+    with pytest.raises(SpecError, match=message):
+        parse_spec({"fields": {"t": "css:title"}, **crawl})
