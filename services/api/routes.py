@@ -116,6 +116,10 @@ class JobStatus(Strict):
     costs: list[dict[str, Any]] = Field(
         default_factory=list, description="requests and estimated proxy cost per domain and tier"
     )
+    crawl: dict[str, int] | None = Field(
+        None,
+        description="a crawl's counts: links discovered, pages admitted, duplicates, over_depth, over_pages, depth",
+    )
 
 
 class Weight(Strict):

@@ -13,6 +13,7 @@ import pytest
 
 from hutch.crawl import crawl_links, crawl_task_id
 from hutch.models import FieldRule, FollowRule, Item, Spec, Task
+from hutch.services.api.routes import status_of
 from hutch.store import CrawlLimits, Link, Store
 
 JOB = "crawl"
@@ -154,5 +155,6 @@ def test_status_counts_carry_the_crawl(store: Store) -> None:
     crawl(store, root, links("a"), CrawlLimits(None, 100))
     (row,) = store.counts(JOB)
     assert row.crawl is not None and row.crawl["admitted"] == 2
+    assert status_of(row).crawl == row.crawl  # the API's /jobs/{job} carries them too
     assert store.delete_job(JOB) is not None
     assert store.crawl_counts(JOB) is None

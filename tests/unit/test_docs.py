@@ -59,3 +59,16 @@ def test_the_readme_spec_example_is_a_spec_that_loads() -> None:
     spec = spec_from_bytes(textwrap.dedent(block).encode(), "README.md")
     assert {rule.kind for rule in spec.fields.values()} == {"css", "xpath", "jmespath"}
     assert any(rule.re for rule in spec.fields.values()) and spec.item
+
+
+def test_the_readme_crawl_example_is_a_spec_that_loads() -> None:
+    import textwrap
+
+    from hutch.services.parser.spec import spec_from_bytes
+
+    text = README.read_text(encoding="utf-8")
+    block = text.split("- A spec with `follow:` makes the job a **crawl**")[1].split("```yaml")[1].split("```")[0]
+    spec = spec_from_bytes(textwrap.dedent(block).encode(), "README.md")
+    (rule,) = spec.follow
+    assert (rule.allow, rule.deny, rule.same_domain) == ([r"\.html$"], ["/print/"], True)
+    assert (spec.max_depth, spec.max_pages) == (2, 100_000)
