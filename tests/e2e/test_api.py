@@ -1,6 +1,11 @@
 """The API service (`hutch serve api`) in front of the five services, on the sandbox: bearer
 auth, a bad submission refused whole with the field named, jobs inline and streamed, items as
-JSON lines, controls, dead letters, traces, deletes, and the generated OpenAPI document."""
+JSON lines, controls, dead letters, traces, deletes, the generated OpenAPI document, and the
+bounds on a request body (size and time).
+
+The sandbox, the five services and the API are started once for the module; each test uses
+jobs and sandbox URLs of its own.
+"""
 
 from __future__ import annotations
 
@@ -13,20 +18,23 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from hutch_sandbox import Sandbox
+import pytest_asyncio
+from hutch_sandbox import Sandbox, load_config
 
 from hutch.models import task_id
 from hutch.services.control.supervisor import Supervisor
 from hutch.settings import Settings
 
-from ..conftest import service_env
-from .conftest import Services, free_port
+from ..conftest import module_settings, service_env
+from .conftest import HERE, Services, free_port, running_services
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 TOKEN = "t0ken-for-tests-only"
 SPEC = {"fields": {"title": "css:h1::text"}}
@@ -34,9 +42,33 @@ SPEC = {"fields": {"title": "css:h1::text"}}
 MAX_BODY = 1024 * 1024
 BODY_TIMEOUT = 1.0
 BOUNDARY = "hutch-test-boundary"
+# Each test's slice of the sandbox's URLs, apart from the others': a site faults a URL by how
+# many times it was asked for it, so a URL that one test alone fetches meets the same faults
+# whatever ran before (none of these fails three attempts in a row from the first).
+INLINE, FILE, CLI, CLIENT = slice(0, 40), slice(40, 70), slice(160, 180), slice(180, 195)
+CAPPED_REFUSED, CAPPED_TAKEN, CHUNKED = slice(200, 210), slice(210, 220), slice(230, 235)
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
+def settings(
+    amqp_url: str, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[Settings]:
+    yield from module_settings(amqp_url, "api", tmp_path_factory, request)
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def sandbox() -> AsyncIterator[Sandbox]:
+    async with Sandbox(load_config(HERE / "sandbox.yaml")) as box:
+        yield box
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def services(settings: Settings, sandbox: Sandbox) -> AsyncIterator[Services]:
+    async with running_services(settings, sandbox, {}) as running:
+        yield running
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def api(settings: Settings, services: Services) -> AsyncIterator[httpx.AsyncClient]:
     """The API as its own process beside the services; a client that sends the token."""
     port = free_port()
@@ -108,7 +140,7 @@ async def test_a_bad_submission_is_refused_whole_naming_the_field(api: httpx.Asy
 async def test_a_job_submitted_inline_completes_and_its_items_stream_as_json_lines(
     api: httpx.AsyncClient, sandbox: Sandbox
 ) -> None:
-    urls = sandbox.urls()[:40]
+    urls = sandbox.urls()[INLINE]
     missing = sandbox.sites["alpha"].base_url + "/status/404"
     answer = await api.post("/jobs", json={"job": "inline", "urls": [*urls, *urls[:5], missing], "spec": SPEC})
     assert answer.status_code == 202, answer.text
@@ -156,7 +188,7 @@ async def test_a_job_submitted_inline_completes_and_its_items_stream_as_json_lin
 async def test_a_url_file_streamed_in_is_checked_whole_then_runs_and_controls_apply(
     api: httpx.AsyncClient, sandbox: Sandbox
 ) -> None:
-    urls = sandbox.urls()[:30]
+    urls = sandbox.urls()[FILE]
     text = "# a comment\n" + "\n".join(urls) + "\n"
     broken = text + "http://exa mple.test/\n"
     refused = await api.post("/jobs/file/urls", files={"urls": ("urls.txt", broken.encode())}, data={"spec": "x: ["})
@@ -223,7 +255,7 @@ def over_the_limit(answer: httpx.Response) -> None:
 async def test_an_upload_over_the_body_limit_is_413_and_nothing_of_it_is_submitted_while_one_at_it_runs(
     api: httpx.AsyncClient, sandbox: Sandbox
 ) -> None:
-    refused_urls, taken_urls = sandbox.urls()[200:210], sandbox.urls()[210:220]
+    refused_urls, taken_urls = sandbox.urls()[CAPPED_REFUSED], sandbox.urls()[CAPPED_TAKEN]
     multipart = {"content-type": f"multipart/form-data; boundary={BOUNDARY}"}
     one_over = url_file_upload(refused_urls, MAX_BODY + 1)
     # Declared over the limit: refused before the body is read.
@@ -248,7 +280,7 @@ async def test_an_upload_over_the_body_limit_is_413_and_nothing_of_it_is_submitt
 async def test_a_json_body_over_the_limit_sent_chunked_is_413_and_submits_nothing(
     api: httpx.AsyncClient, sandbox: Sandbox
 ) -> None:
-    urls = sandbox.urls()[230:235]
+    urls = sandbox.urls()[CHUNKED]
     # Valid JSON (white space between tokens), over the limit only by its padding.
     body = json.dumps({"job": "chunked", "urls": urls})[:-1].encode() + b" " * MAX_BODY + b"}"
     json.loads(body)
@@ -327,12 +359,11 @@ async def test_the_generated_openapi_document_is_valid_and_documents_every_route
     assert "/metrics" not in paths and "/healthz" not in paths
 
 
-def test_the_api_refuses_to_listen_beyond_loopback_without_a_token(settings: Settings) -> None:
+async def test_the_api_refuses_to_listen_beyond_loopback_without_a_token(settings: Settings) -> None:
     env = service_env(settings, HUTCH_API_HOST="0.0.0.0", HUTCH_API_PORT=str(free_port()))
     env.pop("HUTCH_API_TOKEN", None)
-    done = subprocess.run(
-        [sys.executable, "-m", "hutch.services.api"], env=env, capture_output=True, text=True, timeout=60
-    )
+    command = [sys.executable, "-m", "hutch.services.api"]
+    done = await asyncio.to_thread(subprocess.run, command, env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode != 0
     assert "refusing to listen on 0.0.0.0 without HUTCH_API_TOKEN" in done.stderr
     assert os.environ.get("HUTCH_API_TOKEN") is None or TOKEN not in done.stderr
@@ -360,7 +391,7 @@ async def test_the_cli_over_the_api_runs_a_job_with_neither_store_nor_broker_whe
     api: httpx.AsyncClient, sandbox: Sandbox, tmp_path: Path
 ) -> None:
     env = remote_only_env(api, tmp_path)
-    urls = sandbox.urls()[:20]
+    urls = sandbox.urls()[CLI]
     missing = sandbox.sites["beta"].base_url + "/status/404"
     (tmp_path / "urls.txt").write_text("\n".join([*urls, missing]) + "\n")
     (tmp_path / "spec.yaml").write_text("fields:\n  title: 'css:h1::text'\n")
@@ -420,7 +451,7 @@ async def test_the_python_client_over_the_api_submits_waits_and_reads_items(
         amqp_url=f"amqp://guest:guest@127.0.0.1:{free_port()}/",
         data_dir=tmp_path / "nothing-here",
     )
-    urls = sandbox.urls()[:15]
+    urls = sandbox.urls()[CLIENT]
 
     def run() -> tuple[int, Any, list[dict[str, Any]]]:
         with Client(settings) as client:
