@@ -34,6 +34,9 @@ class Child:
     restarts: int = 0
     started_at: float = 0.0
     pump: asyncio.Task[None] | None = None
+    # Variables this child gets on top of the set's, from its next start on (a rolling
+    # upgrade starts each service again in turn with the new build's environment).
+    extra_env: dict[str, str] = field(default_factory=dict)
 
     @property
     def label(self) -> str:
@@ -75,12 +78,13 @@ class Supervisor:
     def env_of(self, child: Child) -> dict[str, str]:
         """A child's environment: fetcher N serves its metrics on the fetchers' port + N - 1
         (none of them on the same port), unless that port is 0 (each takes a free one)."""
+        env = {**self.env, **child.extra_env}
         if child.service != "fetcher" or child.index == 1:
-            return self.env
-        base = int(self.env.get("HUTCH_FETCHER_METRICS_PORT", Settings.model_fields["fetcher_metrics_port"].default))
+            return env
+        base = int(env.get("HUTCH_FETCHER_METRICS_PORT", Settings.model_fields["fetcher_metrics_port"].default))
         if base == 0:
-            return self.env
-        return {**self.env, "HUTCH_FETCHER_METRICS_PORT": str(base + child.index - 1)}
+            return env
+        return {**env, "HUTCH_FETCHER_METRICS_PORT": str(base + child.index - 1)}
 
     async def start(self) -> None:
         for child in self.children:

@@ -1,0 +1,103 @@
+"""A rolling upgrade: while a job runs, each service in turn is stopped (SIGTERM, as a
+deployment does) and started again as the next build, whose models carry one more field
+(`next_build/sitecustomize.py`). For a while every pair of services runs mixed versions:
+old parsers read pages from a new fetcher, an old governor its events, an old storer new
+items. The job must end with every URL stored, nothing dead (as `decode` or anything else).
+
+A queue of the test's own, bound beside the parse and store queues, takes a copy of every
+page and item: both kinds, with the field and without, must have crossed the broker.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from aio_pika.abc import AbstractQueue
+from hutch_sandbox import Sandbox, load_config
+
+from hutch.amqp import Broker
+from hutch.settings import Settings
+from hutch.store import Store
+from hutch.topology import PARSE_KEY, STORE_KEY
+
+from .conftest import HERE, Services, submit_urls
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
+
+NEXT_BUILD = Path(__file__).parent / "next_build"
+NEXT_FIELD = "added_in_next_build"
+# Producers before their consumers' turn comes, so each consumer reads the new field while it
+# is still the old build; the storer, which every service feeds, last.
+ORDER = ("fetcher.1", "parser", "governor", "proxy-manager", "storer")
+
+
+@pytest.fixture
+async def sandbox() -> AsyncIterator[Sandbox]:
+    async with Sandbox(load_config(HERE / "sandbox-clean.yaml")) as box:
+        yield box
+
+
+@pytest.fixture
+def settings(settings: Settings) -> Settings:
+    # 2 requests a second per site (the default rate): 160 pages take about 40 s, longer than
+    # the five restarts.
+    return settings.model_copy(update={"rate": 2.0})
+
+
+async def copies(broker: Broker) -> AbstractQueue:
+    """A queue of the test's own that gets a copy of every page and item published."""
+    channel = await broker.channel()
+    queue = await channel.declare_queue(exclusive=True, auto_delete=True)
+    for key in (PARSE_KEY, STORE_KEY):
+        await queue.bind(broker.topology.work, routing_key=key)
+    return queue
+
+
+async def drain(queue: AbstractQueue) -> dict[tuple[str, bool], int]:
+    """How many copies there are of each kind (page or item), with the new field or without."""
+    seen: dict[tuple[str, bool], int] = {}
+    for _ in range(10_000):
+        message = await queue.get(no_ack=True, fail=False)
+        if message is None:
+            break
+        body = json.loads(message.body)
+        key = ("page" if "final_url" in body else "item", NEXT_FIELD in body["task"])
+        seen[key] = seen.get(key, 0) + 1
+    return seen
+
+
+async def test_a_job_survives_every_service_replaced_in_turn_by_a_build_with_an_extra_field(
+    settings: Settings, sandbox: Sandbox, services: Services
+) -> None:
+    broker = await Broker(settings, "test-copies").connect()
+    try:
+        queue = await copies(broker)
+        urls = sandbox.urls()
+        await submit_urls(settings, "rolling", urls)
+        await services.wait_for("rolling", lambda c: c.stored >= 10, timeout=60)
+        path = os.pathsep.join(p for p in (str(NEXT_BUILD), os.environ.get("PYTHONPATH", "")) if p)
+        for label in ORDER:
+            services.supervisor.child(label).extra_env = {"PYTHONPATH": path}
+            pid = services.supervisor.signal(label, signal.SIGTERM)
+            await services.supervisor.wait_restarted(label, pid, timeout=60)
+        during = services.counts("rolling")
+        assert during.pending > 0, "the job ended before the last service was replaced"
+        counts = await services.wait_done("rolling", timeout=150)
+        seen = await drain(queue)
+    finally:
+        await broker.close()
+
+    assert counts.stored == len(urls) and counts.dead == 0, counts
+    store = Store(settings.store_location)
+    try:
+        assert store.dead_letters("rolling") == []
+        assert len(list(store.items("rolling"))) == len(urls)
+    finally:
+        store.close()
+    # Both versions' pages and items crossed the broker, and were read by both versions.
+    assert all(seen.get(key, 0) > 0 for key in (("page", True), ("page", False), ("item", True), ("item", False))), seen
