@@ -274,6 +274,9 @@ class Page(Model):
     content_type: str | None = None
     text: str
     fetched_at: float
+    # A crawl's page whose body is a gzip file (`sitemap.xml.gz`): binary, so no text carries it.
+    # The body itself, base64, for the parser to inflate (under the body cap); `text` is empty.
+    gzip_body: str | None = None
 
 
 class Item(Model):
