@@ -200,6 +200,8 @@ class Spec(Model):
     follow: list[FollowRule] = Field(default_factory=list)
     max_depth: int | None = None
     max_pages: int | None = None
+    # Keep every fetched page's body (compressed, once per content) for `hutch reparse`.
+    archive: bool = False
 
 
 class Task(Model):

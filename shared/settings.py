@@ -153,6 +153,9 @@ class Settings(BaseSettings):
         120.0, ge=0, description="seconds past its deadline before a silent task counts as lost"
     )
     max_rescues: int = Field(3, ge=0, description="rescues of a lost task before it goes dead (stalled)")
+    archive_retention: float = Field(
+        0.0, ge=0, description="seconds an archived page body is kept (spec archive: true); 0: as long as its job"
+    )
     retention: float = Field(
         0.0, ge=0, description="seconds after its last task finished that a done job is removed from the store; 0: kept"
     )

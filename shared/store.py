@@ -30,22 +30,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import os
 import sqlite3
 import sys
 import time
+import zlib
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from hutch.models import DeadLetter, Event, Item, JobControl, Task
+from hutch.models import DeadLetter, Event, Item, JobControl, Page, Task
 from hutch.postgres import PgConnection, is_postgres, outage_errors, pg_ddl
 from hutch.settings import redact_url
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 STATES = ("new", "queued", "in_flight", "retrying", "stored", "dead")
 TERMINAL = ("stored", "dead")
 JOB_STATES = ("running", "paused", "cancelled")
@@ -173,6 +175,27 @@ _SCHEMA = [
         depth INTEGER NOT NULL DEFAULT 0
     );
     """,
+    # version 7: the page archive. `bodies`: each page body once, by the SHA-256 of its text,
+    # zlib-compressed; `pages`: the page each task fetched last, naming its body.
+    """
+    CREATE TABLE bodies (
+        hash TEXT PRIMARY KEY,
+        size INTEGER NOT NULL,
+        body BLOB NOT NULL,
+        created_at REAL NOT NULL
+    );
+    CREATE TABLE pages (
+        task_id TEXT PRIMARY KEY,
+        job TEXT NOT NULL,
+        final_url TEXT NOT NULL,
+        status INTEGER NOT NULL,
+        content_type TEXT,
+        hash TEXT NOT NULL,
+        fetched_at REAL NOT NULL
+    );
+    CREATE INDEX pages_by_job ON pages (job);
+    CREATE INDEX pages_by_hash ON pages (hash);
+    """,
 ]
 
 
@@ -207,6 +230,24 @@ CRAWL_COUNTS = ("discovered", "admitted", "duplicates", "over_depth", "over_page
 # A link a crawled page offered, as the storer admits it: (task id from its canonical form,
 # the URL to fetch, its domain).
 Link = tuple[str, str, str]
+
+
+ARCHIVE_LEVEL = 6  # zlib's default: the archive is written once and kept, so size counts
+
+
+@dataclass(frozen=True)
+class ArchivedPage:
+    """A page as the archive keeps it, with what is needed to parse it again."""
+
+    task_id: str
+    url: str
+    domain: str
+    final_url: str
+    status: int
+    content_type: str | None
+    fetched_at: float
+    text: str
+    message: str | None  # the task's latest message (JSON), None for a task recorded without it
 
 
 @dataclass(frozen=True)
@@ -426,6 +467,8 @@ class Store:
             }
             self.db.execute("DELETE FROM page_links WHERE job = ?", (name,))
             self.db.execute("DELETE FROM crawls WHERE job = ?", (name,))
+            gone["pages"] = self.db.execute("DELETE FROM pages WHERE job = ?", (name,)).rowcount
+            self._drop_orphan_bodies()
             self.db.execute("DELETE FROM jobs WHERE name = ?", (name,))
         return gone
 
@@ -784,6 +827,71 @@ class Store:
         if row is None:
             return None
         return {key: int(value) for key, value in zip(CRAWL_COUNTS, tuple(row), strict=True)}
+
+    # -- the page archive ------------------------------------------------------------------
+
+    def archive_page(self, page: Page, level: int = ARCHIVE_LEVEL) -> None:
+        """Keep the page's body (once per content, compressed) as the task's latest page."""
+        raw = page.text.encode("utf-8", "surrogatepass")
+        digest = hashlib.sha256(raw).hexdigest()
+        now = time.time()
+        task = page.task
+        with self._tx():
+            before = self.db.execute("SELECT hash FROM pages WHERE task_id = ?", (task.id,)).fetchone()
+            if self.db.execute("SELECT 1 FROM bodies WHERE hash = ?", (digest,)).fetchone() is None:
+                self.db.execute(
+                    "INSERT INTO bodies (hash, size, body, created_at) VALUES (?, ?, ?, ?) "
+                    "ON CONFLICT (hash) DO NOTHING",
+                    (digest, len(raw), zlib.compress(raw, level), now),
+                )
+            self.db.execute(
+                "INSERT INTO pages (task_id, job, final_url, status, content_type, hash, fetched_at) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (task_id) DO UPDATE SET final_url = excluded.final_url, "
+                "status = excluded.status, content_type = excluded.content_type, hash = excluded.hash, "
+                "fetched_at = excluded.fetched_at WHERE excluded.fetched_at >= pages.fetched_at",
+                (task.id, task.job, page.final_url, page.status, page.content_type, digest, page.fetched_at),
+            )
+            if before is not None and before[0] != digest:
+                # Whichever body lost (the page's older one, or this one from a late copy of an
+                # older fetch), unless another page names it.
+                for lost in (before[0], digest):
+                    self.db.execute(
+                        "DELETE FROM bodies WHERE hash = ? AND NOT EXISTS (SELECT 1 FROM pages WHERE hash = ?)",
+                        (lost, lost),
+                    )
+
+    def archived_batch(self, job: str, after: str, limit: int) -> list[ArchivedPage]:
+        """Up to `limit` archived pages of `job` whose task id sorts after `after`, in task id
+        order, each with its task's latest message: the whole job a batch at a time."""
+        rows = self.db.execute(
+            "SELECT p.task_id, p.final_url, p.status, p.content_type, p.fetched_at, b.body, t.message, t.url, "
+            "t.domain FROM pages p JOIN bodies b ON b.hash = p.hash JOIN tasks t ON t.id = p.task_id "
+            "WHERE p.job = ? AND p.task_id > ? ORDER BY p.task_id LIMIT ?",
+            (job, after, limit),
+        ).fetchall()
+        return [
+            ArchivedPage(
+                task_id=str(row[0]), url=str(row[7]), domain=str(row[8]), final_url=str(row[1]), status=int(row[2]),
+                content_type=row[3], fetched_at=float(row[4]), message=row[6],
+                text=zlib.decompress(bytes(row[5])).decode("utf-8", "surrogatepass"),
+            )
+            for row in rows
+        ]
+
+    def archive_counts(self, job: str) -> tuple[int, int]:
+        """(pages archived, distinct bodies) of `job`."""
+        row = self.db.execute("SELECT COUNT(*), COUNT(DISTINCT hash) FROM pages WHERE job = ?", (job,)).fetchone()
+        return int(row[0]), int(row[1])
+
+    def expire_archive(self, before: float) -> int:
+        """Drop the pages fetched before `before` and the bodies no page names any more."""
+        with self._tx():
+            gone = int(self.db.execute("DELETE FROM pages WHERE fetched_at < ?", (before,)).rowcount)
+            self._drop_orphan_bodies()
+        return gone
+
+    def _drop_orphan_bodies(self) -> None:
+        self.db.execute("DELETE FROM bodies WHERE NOT EXISTS (SELECT 1 FROM pages p WHERE p.hash = bodies.hash)")
 
     def record_dead(self, letter: DeadLetter, message_id: str) -> None:
         """Record a dead letter in the ledger, and its task as dead.

@@ -24,6 +24,8 @@ Shape (see the design card):
   `released.log`: a stream of the `released` event batches, kept an hour.
 - `work` (direct): `fetch.ready`, `parse`, `store` and `intake` queues under their own names
   as keys (`intake`: submissions, which the storer records before it publishes their tasks).
+  A page of a job that keeps its pages goes under `parse.archive`, which both `parse` and
+  `archive` (the storer's, for the page archive) are bound to.
 - `retry.<delay>`: a fanout exchange and a queue per delay tier with a fixed TTL that
   dead-letters into `frontier` with no dead-letter routing key, so an expired retry re-enters
   its own shard under its original key. No consumers: the broker holds the delay.
@@ -64,6 +66,7 @@ ExchangeType = Literal["direct", "fanout", "topic"]
 
 FETCH_KEY = "fetch.ready"  # work: a released task, for the fetchers
 PARSE_KEY = "parse"  # work: a fetched page, for the parsers
+ARCHIVE_KEY = "parse.archive"  # work: a fetched page of a job that keeps its pages: parsers and archive
 STORE_KEY = "store"  # work: an item, for the storer
 INTAKE_KEY = "intake"  # work: a submission from any producer, for the storer to record and publish
 RELEASED = "released"  # events: a governor's batch of `released` events
@@ -178,6 +181,7 @@ class Topology:
         self.events = p + "events"
         self.fetch_ready = p + "fetch.ready"
         self.parse = p + "parse"
+        self.archive = p + "archive"
         self.store = p + "store"
         self.intake = p + "intake"
         self.dlq = p + "dlq"
@@ -301,7 +305,9 @@ class Topology:
         return (
             QueueSpec(self.unrouted, work, ((self.unrouted, ""),)),
             QueueSpec(self.fetch_ready, work, ((self.work, FETCH_KEY),)),
-            QueueSpec(self.parse, work, ((self.work, PARSE_KEY),)),
+            QueueSpec(self.parse, work, ((self.work, PARSE_KEY), (self.work, ARCHIVE_KEY))),
+            # The pages of jobs whose spec says `archive: true`: the storer keeps their bodies.
+            QueueSpec(self.archive, work, ((self.work, ARCHIVE_KEY),)),
             QueueSpec(self.store, work, ((self.work, STORE_KEY),)),
             # Submissions from any producer: the storer records them, then publishes their tasks.
             QueueSpec(self.intake, work, ((self.work, INTAKE_KEY),)),

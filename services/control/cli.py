@@ -31,7 +31,7 @@ from hutch.amqp import Broker, BrokerUnreachable, PublishFailed, queue_depth
 from hutch.models import DEFAULT_TOP, MAX_PATTERN, MAX_TOP, SORT_KEYS, Spec, StatusRequest
 from hutch.remote import RemoteError
 from hutch.services import ALL, SERVICES, service_class
-from hutch.services.control import dlq, exports, overapi, storecopy, timeline, watch
+from hutch.services.control import dlq, exports, overapi, reparse, storecopy, timeline, watch
 from hutch.services.control.jobs import (
     Action,
     JobControlError,
@@ -476,6 +476,51 @@ async def cmd_control(args: argparse.Namespace) -> int:
     return 0
 
 
+async def cmd_reparse(args: argparse.Namespace) -> int:
+    settings = _settings()
+    if settings.api_url:
+        raise UserError("hutch reparse reads the store: run it where the store is, without HUTCH_API_URL")
+    try:
+        job = check_job_name(args.job)
+    except JobNameError as exc:
+        raise UserError(str(exc)) from None
+    store = _open_store(settings)
+    try:
+        if not store.job_exists(job):
+            raise UserError(f"no job named {job!r} in the store {redact_url(settings.store_location)}")
+        recorded = store.job_spec(job)
+        archived, bodies = store.archive_counts(job)
+    finally:
+        store.close()
+    spec = _load_spec(args.spec) if args.spec else (Spec.model_validate(recorded) if recorded else None)
+    if spec is None:
+        raise UserError(f"job {job!r} has no spec recorded: give one with --spec")
+    if archived == 0:
+        raise UserError(
+            f"job {job!r} has no archived page: only a job whose spec says `archive: true` keeps its pages "
+            "(or HUTCH_ARCHIVE_RETENTION has dropped them)"
+        )
+    broker = await _connect(settings)
+    async_store = await AsyncStore(settings.store_location).open()
+    try:
+        print(f"reparsing {archived} archived pages of {shown(job)} ({bodies} distinct bodies)", file=sys.stderr)
+        done = await reparse.reparse(
+            broker, async_store, job, spec, follow=args.follow,
+            progress=lambda n: print(f"  {n}/{archived} pages sent to the parsers", file=sys.stderr),
+        )  # fmt: skip
+    finally:
+        await async_store.close()
+        await broker.close()
+    missing = done.tasks - done.pages
+    print(
+        f"{done.pages} pages sent to the parsers; the items are replaced as the parsers and the storer "
+        f"get to them (`hutch status {job}`, `hutch export {job}`)"
+        + (f"; {missing} tasks of the job have no archived page (not fetched, or dead)" if missing > 0 else ""),
+        file=sys.stderr,
+    )
+    return 0
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     settings = _settings()
     out = Path(args.out) if args.out else None
@@ -827,6 +872,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--format", choices=exports.FORMATS, help="jsonl (default) or csv (the default for an --out ending in .csv)"
     )
     p.set_defaults(run=cmd_export, is_async=False)
+
+    p = sub.add_parser("reparse", help="extract a job's archived pages again with a new spec; fetches nothing")
+    p.add_argument("job")
+    p.add_argument("--spec", help="spec YAML (default: the job's own)")
+    p.add_argument("--follow", action="store_true", help="offer each page's links again (a crawl's follow: rules)")
+    p.set_defaults(run=cmd_reparse, is_async=True)
 
     p = sub.add_parser("sandbox", help="serve the local test sites and proxies (loopback only)")
     p.add_argument("--config", help="sandbox YAML (default: the bundled one)")

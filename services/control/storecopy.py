@@ -20,7 +20,7 @@ from hutch.settings import Settings, redact_url
 from hutch.store import Store
 
 # Parents before children is not needed (no foreign keys), but jobs first reads naturally.
-TABLES = ("jobs", "tasks", "items", "attempts", "dead", "page_links", "crawls")
+TABLES = ("jobs", "tasks", "items", "attempts", "dead", "page_links", "crawls", "bodies", "pages")
 BATCH = 2000
 
 

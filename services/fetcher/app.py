@@ -43,7 +43,7 @@ from hutch.services.fetcher.lateness import Lateness
 from hutch.services.fetcher.policy import Decision, FetchResult, decide, load_policy
 from hutch.services.fetcher.spans import fetch_span, finish
 from hutch.services.fetcher.timeouts import TimeoutEstimator, Timeouts
-from hutch.topology import HEARTBEAT, PARSE_KEY, outcome_key, robots_key
+from hutch.topology import ARCHIVE_KEY, HEARTBEAT, PARSE_KEY, outcome_key, robots_key
 
 log = logging.getLogger(__name__)
 HEARTBEAT_EVERY = 1.0  # seconds
@@ -394,7 +394,9 @@ class Fetcher(Service):
                 text=text,
                 fetched_at=record.at,
             )
-            await self.broker.publish(topology.work, PARSE_KEY, page)
+            # A job that keeps its pages: the archive (the storer's) gets a copy too.
+            kept = task.spec is not None and task.spec.archive
+            await self.broker.publish(topology.work, ARCHIVE_KEY if kept else PARSE_KEY, page)
         elif action == "retry":
             assert decision.delay is not None
             self.metrics.count(self.metrics.retries, task.domain, reason)

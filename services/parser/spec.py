@@ -278,7 +278,7 @@ def _crawl(data: dict[Any, Any]) -> dict[str, Any]:
 def parse_spec(data: Any, source: str = "spec") -> Spec:
     if not isinstance(data, dict) or not isinstance(data.get("fields"), dict) or not data["fields"]:
         raise SpecError(f"{source}: expected a mapping with a non-empty 'fields:' mapping")
-    unknown = set(data) - {"fields", "item", "follow", "max_depth", "max_pages"}
+    unknown = set(data) - {"fields", "item", "follow", "max_depth", "max_pages", "archive"}
     if unknown:
         shown = ", ".join(_quote(str(key), 40) for key in sorted(map(str, unknown))[:5])
         raise SpecError(f"{source}: unknown keys [{shown}]")
@@ -288,9 +288,12 @@ def parse_spec(data: Any, source: str = "spec") -> Spec:
         fields = {str(name): _rule(str(name), value) for name, value in data["fields"].items()}
         item = _item(data["item"], fields) if "item" in data else None
         crawl = _crawl(data)
+        archive = data.get("archive", False)
+        if not isinstance(archive, bool):
+            raise SpecError(f"archive: must be true or false, got {_quote(archive)}")
     except SpecError as exc:
         raise SpecError(f"{source}: {exc}") from None
-    return Spec(fields=fields, item=item, **crawl)
+    return Spec(fields=fields, item=item, archive=archive, **crawl)
 
 
 def spec_document(spec: Spec) -> dict[str, Any]:
@@ -313,6 +316,8 @@ def spec_document(spec: Spec) -> dict[str, Any]:
             document["max_depth"] = spec.max_depth
         if spec.max_pages is not None:
             document["max_pages"] = spec.max_pages
+    if spec.archive:
+        document["archive"] = True
     return document
 
 

@@ -30,7 +30,7 @@ import time
 
 from hutch.amqp import Dead, Delivery, PublishFailed, Requeue, queue_depth
 from hutch.crawl import crawl_links
-from hutch.models import AnyEvent, DeadLetter, Item, JobControl, Rescued, Submission, Task
+from hutch.models import AnyEvent, DeadLetter, Item, JobControl, Page, Rescued, Submission, Task
 from hutch.service import Service
 from hutch.services.control.submit import JobNameError, check_job_name, submit
 from hutch.services.proxy_manager.pool import TIERS
@@ -50,6 +50,7 @@ SWEEP_LIMIT = 1000  # silent tasks looked at per sweep; the rest wait for the ne
 DOMAINS_PER_SWEEP = 200  # domains one sweep considers for a retry rescue
 JOBS_PREFETCH = 100  # control records of the jobs stream held unacked (a stream needs a prefetch)
 JOBS_RETRY = 1.0  # seconds between tries of a control record the store refused
+ARCHIVE_PREFETCH = 16  # archived pages held unacked (each up to HUTCH_MAX_BODY_BYTES)
 
 
 class Storer(Service):
@@ -91,6 +92,8 @@ class Storer(Service):
             arguments={"x-stream-offset": "first"},
         )
         await self.broker.consume(topology.intake, Submission, self._on_submission, stage="intake", prefetch=4)
+        # Pages of up to max_body_bytes each: a small prefetch bounds what waits in memory.
+        await self.broker.consume(topology.archive, Page, self._on_archived, stage="store", prefetch=ARCHIVE_PREFETCH)
         self._reconciler = asyncio.create_task(self._reconcile_every(s.reconcile_interval))
 
     async def stop(self) -> None:
@@ -135,6 +138,9 @@ class Storer(Service):
             *(self.broker.publish(topology.frontier, topology.shard_key(task.domain), task) for task in admitted)
         )
         await self._write(lambda store: store.mark_queued([task.id for task in admitted]))
+
+    async def _on_archived(self, page: Page, _: Delivery) -> None:
+        await self._write(lambda store: store.archive_page(page))
 
     async def _on_event(self, message: AnyEvent, _: Delivery) -> None:
         events = message.events()
@@ -215,8 +221,17 @@ class Storer(Service):
                 await self.reconcile_once()
                 if self.settings.retention:
                     await self.expire_jobs()
+                if self.settings.archive_retention:
+                    await self.expire_archive(time.time() - self.settings.archive_retention)
             except Exception as exc:  # the broker or the store is away: try next time
                 log.warning("reconciler sweep failed: %s: %s", type(exc).__name__, exc)
+
+    async def expire_archive(self, before: float) -> int:
+        """Drop the archived pages fetched before `before` (`HUTCH_ARCHIVE_RETENTION`)."""
+        gone = await self.store.run(lambda store: store.expire_archive(before))
+        if gone:
+            log.info("archive: %d pages past their retention dropped", gone)
+        return gone
 
     async def expire_jobs(self) -> list[str]:
         """Remove the jobs done for longer than `HUTCH_RETENTION`; their names."""

@@ -70,7 +70,13 @@ def test_all_queue_names_adds_one_queue_per_domain(classic: Topology) -> None:
 
 
 def test_queue_looks_a_queue_up_by_name(classic: Topology) -> None:
-    assert classic.queue(classic.parse).bindings == ((classic.work, "parse"),)
+    assert classic.queue(classic.parse).bindings == ((classic.work, "parse"), (classic.work, "parse.archive"))
+
+
+def test_an_archived_page_reaches_the_parsers_and_the_archive_an_ordinary_one_the_parsers_only(
+    classic: Topology,
+) -> None:
+    assert classic.queue(classic.archive).bindings == ((classic.work, "parse.archive"),)
 
 
 def test_queue_refuses_a_name_not_in_the_topology(classic: Topology) -> None:
@@ -334,7 +340,7 @@ def test_exchange_types_match_the_design(classic: Topology) -> None:
 
 def test_work_queues_are_bound_to_the_work_exchange_under_their_own_names(classic: Topology) -> None:
     assert classic.queue(classic.fetch_ready).bindings == ((classic.work, "fetch.ready"),)
-    assert classic.queue(classic.parse).bindings == ((classic.work, "parse"),)
+    assert classic.queue(classic.parse).bindings == ((classic.work, "parse"), (classic.work, "parse.archive"))
     assert classic.queue(classic.store).bindings == ((classic.work, "store"),)
 
 
