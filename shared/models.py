@@ -24,7 +24,9 @@ import secrets
 import time
 from typing import Any, Literal, TypeVar, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, RootModel, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, RootModel, ValidationError, model_validator
+
+from hutch.request_options import check_options
 
 SCHEMA_VERSION = 1
 
@@ -139,6 +141,21 @@ def attempt_outcome(text: str | None) -> Outcome | None:
     return _OUTCOME_BY_NAME.get(text or "")
 
 
+# Outcomes of events after which no request went out, even with a proxy leased: they cost
+# nothing (the cost report and a job's proxy budget leave them out).
+NO_REQUEST = (
+    "forbidden_target",
+    "invalid_url",
+    "permit_expired",
+    "permit_late",
+    "redelivered",
+    "no_lease",
+    "no_proxy",
+    "never_sent",
+)
+MAX_BUDGET = 1e12  # a job's proxy budget, in the pool's cost units
+
+
 class Attempt(Model):
     """One attempt in a task's history. `proxy_id` is an id, never a proxy URL."""
 
@@ -193,7 +210,14 @@ class Spec(Model):
     optionally the types the item's fields must have (`item`, checked after extraction).
 
     With `follow`, the job is a crawl: the links each page offers become tasks of the job, at
-    most `max_depth` links away from a submitted URL and `max_pages` tasks in all."""
+    most `max_depth` links away from a submitted URL and `max_pages` tasks in all.
+
+    `headers` and `cookies` go with every fetch of the job's pages (`hutch.request_options`,
+    which checks them here too, so a hand-made intake message meets the spec file's rules);
+    `budget` is the job's proxy cost budget: it pauses once its spend reaches it."""
+
+    # A value a validation error would show may be a credential: errors name the key only.
+    model_config = ConfigDict(extra="allow", hide_input_in_errors=True)
 
     fields: dict[str, FieldRule]
     item: dict[str, ItemField] | None = None
@@ -202,6 +226,16 @@ class Spec(Model):
     max_pages: int | None = None
     # Keep every fetched page's body (compressed, once per content) for `hutch reparse`.
     archive: bool = False
+    headers: dict[str, str] | None = None
+    cookies: dict[str, str] | None = None
+    budget: float | None = Field(None, gt=0, le=MAX_BUDGET, allow_inf_nan=False)
+
+    @model_validator(mode="after")
+    def _request_options(self) -> Spec:
+        if self.headers or self.cookies:
+            headers, cookies = check_options(self.headers, self.cookies)  # values stripped as sent
+            self.headers, self.cookies = headers or None, cookies or None
+        return self
 
 
 class Task(Model):
@@ -454,6 +488,11 @@ class JobControl(Model):
     action: Literal["pause", "resume", "cancel", "weight"]
     weight: float | None = Field(default=None, gt=0, le=1000)
     at: float = Field(default_factory=time.time)
+    # `pause`: why, when no person asked: `budget` (the storer saw the job's proxy spend reach
+    # its budget). Plain text, so a reason added later does not make older readers drop it.
+    reason: str | None = Field(default=None, max_length=40)
+    # `resume`: the job's proxy budget from now on (raised past what it spent).
+    budget: float | None = Field(default=None, gt=0, le=MAX_BUDGET, allow_inf_nan=False)
 
 
 class DomainRecord(Model):

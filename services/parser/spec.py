@@ -30,6 +30,11 @@ A spec is YAML with a `fields:` mapping. Each field is either a string, `css:SEL
   extraction, strings converted where the type asks (`"12.50"` to 12.5 for `number`), and an
   item that does not fit ends dead as `item_invalid` (stage `parse`), naming the field.
 
+- `headers:` and `cookies:` (mappings of names to values) go with every fetch of the job's
+  pages, and `budget:` caps what its proxies may cost (the pool's cost units): both are the
+  fetcher's and the storer's business, checked here (`hutch.request_options`); an error names
+  the header or cookie, never its value.
+
 An unknown selector kind or key, a selector, regular expression or JMESPath expression that
 does not compile, or an `item:` entry that names no field or an unknown type, is refused with
 the field's name, so a broken spec stops a submit before any URL is queued.
@@ -45,6 +50,7 @@ is the parser's time limit per page (pool.py), which ends such a page as `parse_
 
 from __future__ import annotations
 
+import math
 import re
 import reprlib
 from pathlib import Path
@@ -56,7 +62,8 @@ import yaml
 from parsel import Selector
 from parsel.csstranslator import HTMLTranslator
 
-from hutch.models import FieldRule, FollowRule, ItemField, ItemType, Spec
+from hutch.models import MAX_BUDGET, FieldRule, FollowRule, ItemField, ItemType, Spec
+from hutch.request_options import OptionsError, check_options
 
 DEFAULT_FIELDS = ("url", "status", "title")
 MAX_SPEC_BYTES = 64 * 1024
@@ -73,6 +80,7 @@ _REPR = reprlib.Repr()
 _REPR.maxstring = _QUOTE_CHARS
 _REPR.maxother = _QUOTE_CHARS
 KINDS = ("css", "xpath", "jmespath")
+OPTION_KEYS = ("headers", "cookies", "budget")  # what a job's fetches send, and what its proxies may cost
 ITEM_TYPES: tuple[str, ...] = get_args(ItemType)
 
 
@@ -275,10 +283,30 @@ def _crawl(data: dict[Any, Any]) -> dict[str, Any]:
     }
 
 
+def _options(data: dict[Any, Any]) -> dict[str, Any]:
+    """The request keys of a spec (headers:, cookies:, budget:), checked."""
+    try:
+        headers, cookies = check_options(data.get("headers"), data.get("cookies"))
+    except OptionsError as exc:
+        raise SpecError(str(exc)) from None
+    options: dict[str, Any] = {"headers": headers or None, "cookies": cookies or None}
+    if "budget" in data:
+        budget = data["budget"]
+        if (
+            isinstance(budget, bool)
+            or not isinstance(budget, (int, float))
+            or not math.isfinite(budget)
+            or not 0 < budget <= MAX_BUDGET
+        ):
+            raise SpecError(f"budget: expected a number above 0 (in the proxies' cost units), got {_quote(budget)}")
+        options["budget"] = float(budget)
+    return options
+
+
 def parse_spec(data: Any, source: str = "spec") -> Spec:
     if not isinstance(data, dict) or not isinstance(data.get("fields"), dict) or not data["fields"]:
         raise SpecError(f"{source}: expected a mapping with a non-empty 'fields:' mapping")
-    unknown = set(data) - {"fields", "item", "follow", "max_depth", "max_pages", "archive"}
+    unknown = set(data) - {"fields", "item", "follow", "max_depth", "max_pages", "archive", *OPTION_KEYS}
     if unknown:
         shown = ", ".join(_quote(str(key), 40) for key in sorted(map(str, unknown))[:5])
         raise SpecError(f"{source}: unknown keys [{shown}]")
@@ -291,9 +319,10 @@ def parse_spec(data: Any, source: str = "spec") -> Spec:
         archive = data.get("archive", False)
         if not isinstance(archive, bool):
             raise SpecError(f"archive: must be true or false, got {_quote(archive)}")
+        options = _options(data)
     except SpecError as exc:
         raise SpecError(f"{source}: {exc}") from None
-    return Spec(fields=fields, item=item, archive=archive, **crawl)
+    return Spec(fields=fields, item=item, archive=archive, **crawl, **options)
 
 
 def spec_document(spec: Spec) -> dict[str, Any]:
@@ -318,6 +347,9 @@ def spec_document(spec: Spec) -> dict[str, Any]:
             document["max_pages"] = spec.max_pages
     if spec.archive:
         document["archive"] = True
+    for key in OPTION_KEYS:
+        if getattr(spec, key) is not None:
+            document[key] = getattr(spec, key)
     return document
 
 

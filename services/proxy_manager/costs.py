@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hutch.models import Outcome
+from hutch.models import NO_REQUEST, Outcome
 from hutch.store import Store
 
 # Outcomes of attempts that sent a request (a direct attempt has no proxy to tell it by).
@@ -27,17 +27,6 @@ REQUEST_OUTCOMES: tuple[Outcome, ...] = (
     "too_large",
     "redirect",
     "redirects",
-)
-# Refused before any request went out, even with a proxy leased.
-NO_REQUEST = (
-    "forbidden_target",
-    "invalid_url",
-    "permit_expired",
-    "permit_late",
-    "redelivered",
-    "no_lease",
-    "no_proxy",
-    "never_sent",
 )
 TIER_ORDER = {"direct": 0, "datacenter": 1, "residential": 2, "mobile": 3}
 
