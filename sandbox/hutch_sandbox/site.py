@@ -24,6 +24,9 @@ test can ask for exactly the trouble it wants:
     /api/products/<i>.json page <i> as a JSON document (see hutch_sandbox.jsonapi)
     /crawl/...             a small site to crawl: pagination, cycles, one page spelled many
                            ways, other domains (see hutch_sandbox.crawlsite)
+    /sitemap.xml, /sitemaps/<name>
+                           the crawl site's sitemaps (an index, a plain and a gzipped urlset)
+                           and hostile ones (see hutch_sandbox.sitemaps)
 
 A site answers whatever the Host header says, so every host name resolved to its port
 (`HUTCH_RESOLVE=*.wide.test:PORT:127.0.0.1`) is served, as one site. Each request is counted
@@ -319,6 +322,10 @@ class SiteServer(Listener):
         if head == "crawl":  # the crawl graph (hutch_sandbox.crawlsite)
             html = crawlsite.page(request.path, request.query, request.header("host") or "", self.port)
             return _html(200, html) if html is not None else _text(404, "no such page")
+        if head in ("sitemap.xml", "sitemaps"):  # the crawl site's sitemaps, and hostile ones
+            from hutch_sandbox import sitemaps  # like hostile: it uses this module's types
+
+            return sitemaps.answer(request.path, request.query, request.header("host") or "", self.port)
         try:
             fixed = self._fixed(request.path, request.query)
             return fixed if fixed is not None else self._under(head, rest, request.query)
