@@ -36,7 +36,7 @@ from aio_pika.exceptions import AMQPError
 from hutch.amqp import Delivery, PublishFailed, RpcClient
 from hutch.models import Attempt, Event, FetcherHeartbeat, Lease, LeaseRequest, Page, RobotsFetched, Task
 from hutch.service import Service
-from hutch.services.fetcher.charsets import decode_body
+from hutch.services.fetcher.charsets import decode_body, page_text
 from hutch.services.fetcher.fetch import NotSent, fetch, make_client, warm_up
 from hutch.services.fetcher.guard import TargetGuard, parse_overrides
 from hutch.services.fetcher.lateness import Lateness
@@ -385,7 +385,8 @@ class Fetcher(Service):
             update.update(fetch_url=decision.next_url, domain=decision.next_domain, redirects=task.redirects + 1)
         task = task.model_copy(update=update)
         if action == "parse":
-            text, _ = decode_body(result.body or b"", result.content_type)
+            crawl = task.spec is not None and bool(task.spec.follow)
+            text, gzip_body = page_text(result.body or b"", result.content_type, crawl)
             page = Page(
                 task=task,
                 status=result.status or 0,
@@ -393,6 +394,7 @@ class Fetcher(Service):
                 content_type=result.content_type,
                 text=text,
                 fetched_at=record.at,
+                gzip_body=gzip_body,
             )
             # A job that keeps its pages: the archive (the storer's) gets a copy too.
             kept = task.spec is not None and task.spec.archive

@@ -11,10 +11,14 @@ guesses; a single-byte guess gives way to windows-1252, the browsers' default fo
 Western pages (a short French page is otherwise often guessed as cp1250, and è comes out as
 č), while a multi-byte guess (Shift-JIS, GB 18030...) stands. UTF-8 with replacement is the
 last resort.
+
+A crawl's page whose body is a gzip file is the one exception (`page_text`): it is kept as
+bytes for the parser, which reads it as a sitemap when it is one.
 """
 
 from __future__ import annotations
 
+import base64
 import codecs
 from functools import lru_cache
 
@@ -93,3 +97,20 @@ def _decoded(body: bytes, charset: str | None) -> str | None:
         return to_unicode(body, str(charset))
     except (LookupError, UnicodeError):  # idna, say, has no "replace" handler
         return None
+
+
+GZIP_MAGIC = b"\x1f\x8b"
+
+
+def page_text(body: bytes, content_type: str | None, crawl: bool) -> tuple[str, str | None]:
+    """A page's text for the parser and, for a crawl's gzip file, its body as base64.
+
+    `sitemap.xml.gz` is served as a file (application/gzip, no Content-Encoding): binary that
+    no text can carry. In a crawl a body that starts with gzip's magic bytes goes to the parser
+    as it is, base64, with no text; the parser inflates it under the body cap, and reads a
+    body that is not a sitemap as text exactly as `decode_body` would have made it
+    (services/parser/sitemaps.py). Every other body is `decode_body`'s text.
+    """
+    if crawl and body.startswith(GZIP_MAGIC):
+        return "", base64.b64encode(body).decode("ascii")
+    return decode_body(body, content_type)[0], None

@@ -104,6 +104,13 @@ class _Layer:
                 yield out
 
 
+def gunzip(data: bytes) -> Iterator[bytes]:
+    """A gzip file (say `sitemap.xml.gz`, served as application/gzip) inflated in pieces of at
+    most `STEP` bytes, as a gzip content encoding is; the caller counts them against its cap.
+    BadEncoding when the stream is corrupt."""
+    yield from _Layer("gzip").feed(data)
+
+
 class BodyDecoder:
     """Raw bytes in, decoded bytes kept; raises BodyTooLarge as soon as a layer passes the cap."""
 

@@ -5,9 +5,10 @@ page (`HUTCH_PARSE_TIMEOUT`), a cap on each item's JSON (`HUTCH_MAX_ITEM_BYTES`)
 worker's memory (`HUTCH_PARSE_MEMORY_MB`), so neither a hostile page nor a costly spec can
 stall the parser or take it down, and the event loop stays free for heartbeats and acks. A
 page that goes over a limit, or fails to parse, goes dead with stage `parse` and the reason
-(`parse_timeout`, `item_too_large`, `parse_memory`, `parse_crash`, `parse_error`, and
-`not_json` or `item_invalid` for a spec's JMESPath fields or item schema); replaying it
-re-parses without a re-fetch.
+(`parse_timeout`, `item_too_large`, `parse_memory`, `parse_crash`, `parse_error`,
+`not_json` or `item_invalid` for a spec's JMESPath fields or item schema, and
+`sitemap_invalid` or `sitemap_too_large` for a crawl's sitemap); replaying it re-parses
+without a re-fetch.
 """
 
 from __future__ import annotations
@@ -45,8 +46,10 @@ class Parser(Service):
             crawl = None
             if spec is not None and spec.follow:
                 s = self.settings
-                crawl = CrawlBounds(self._domain_of(page), s.max_links_per_page, s.max_url_bytes)
-            fields, links = await self.pool.extract_page(page.text, page.final_url, page.status, spec, crawl)
+                crawl = CrawlBounds(self._domain_of(page), s.max_links_per_page, s.max_url_bytes, s.max_body_bytes)
+            fields, links = await self.pool.extract_page(
+                page.text, page.final_url, page.status, spec, crawl, page.gzip_body, page.content_type
+            )
         except ParseFailed as failed:
             self.metrics.parsed.labels(failed.reason).inc()
             raise Dead(failed.reason, failed.detail) from None

@@ -16,7 +16,8 @@ JSON only when one uses JMESPath; a page that is not JSON makes such a field fai
 `NotJSON`, naming it. After extraction the item is checked against the spec's `item:`
 schema, if any (schema.py, `ItemInvalid`).
 
-Without a spec the item is `url`, `status`, `title`.
+Without a spec the item is `url`, `status`, `title`. A crawl's page that is a sitemap is read
+as one (sitemaps.py).
 """
 
 from __future__ import annotations
@@ -33,8 +34,10 @@ from parsel import Selector
 from w3lib.html import replace_entities
 
 from hutch.models import FieldRule, Spec
+from hutch.services.fetcher.charsets import decode_body
 from hutch.services.parser.links import CrawlBounds, Found, discover
 from hutch.services.parser.schema import check_item
+from hutch.services.parser.sitemaps import read_sitemap
 
 _REPR = reprlib.Repr()
 _REPR.maxstring = 80
@@ -161,10 +164,23 @@ def extract(text: str, url: str, status: int, spec: Spec | None, max_bytes: int 
 
 
 def extract_crawled(
-    text: str, url: str, status: int, spec: Spec, max_bytes: int | None, crawl: CrawlBounds
+    text: str,
+    url: str,
+    status: int,
+    spec: Spec,
+    max_bytes: int | None,
+    crawl: CrawlBounds,
+    gzip_body: bytes | None = None,
+    content_type: str | None = None,
 ) -> tuple[dict[str, Any], Found]:
     """A crawl's page: its item (as `extract`) and the links its `follow:` rules find (see
-    `links.discover`), the page parsed once for both."""
+    `links.discover`), the page parsed once for both. A sitemap (its text, or a gzip file's
+    bytes) gives its own item and its URLs instead (see `sitemaps.read_sitemap`)."""
+    sitemap = read_sitemap(text, gzip_body, url, spec.follow, crawl)
+    if sitemap is not None:
+        return sitemap.item(), sitemap.found
+    if gzip_body is not None:  # a gzip file that is no sitemap: its text as the fetcher makes it
+        text = decode_body(gzip_body, content_type)[0]
     page = _Page(text, url)
     fields = _fields(page, url, status, spec, max_bytes)
     return fields, discover(page.selector, url, crawl.domain, spec.follow, crawl.max_links, crawl.max_url_bytes)

@@ -13,8 +13,9 @@ resolved against the page's URL (or its `<base href>`), checked by the one URL v
 
 Links are returned once each by their canonical form (`hutch.urls.canonical_url`), in the
 order found, at most `limit` of them: a page of a million anchors yields `limit` links and the
-count of those left out. Whether a link becomes a task (its depth, the job's `max_pages`, a
-page already admitted) is the storer's decision, since it owns the store.
+count of those left out, which are not even checked. A sitemap's URLs (sitemaps.py) go through
+the same `Collector`. Whether a link becomes a task (its depth, the job's `max_pages`, a page
+already admitted) is the storer's decision, since it owns the store.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from urllib.parse import urljoin
 from parsel import Selector
 
 from hutch.models import FollowRule
-from hutch.urls import InvalidURL, canonical_url, check_url
+from hutch.urls import CheckedURL, InvalidURL, canonical_url, check_url
 
 MAX_HREF_CHARS = 16384  # an attribute longer than this is no link worth resolving
 
@@ -38,6 +39,7 @@ class CrawlBounds:
     domain: str
     max_links: int
     max_url_bytes: int
+    max_body_bytes: int  # what a gzipped sitemap may inflate to (sitemaps.py)
 
 
 @dataclass
@@ -48,7 +50,7 @@ class Found:
     seen: int = 0  # strings the rules' selectors yielded
     invalid: int = 0  # not an http(s) URL Hutch would fetch
     filtered: int = 0  # another domain, not allowed, or denied
-    over_limit: int = 0  # kept, but past `limit`
+    over_limit: int = 0  # found once `limit` links were kept: not looked at
 
 
 def _base(selector: Selector, page_url: str) -> str:
@@ -61,44 +63,67 @@ def _base(selector: Selector, page_url: str) -> str:
     return page_url
 
 
-def _matches(patterns: list[re.Pattern[str]], url: str) -> bool:
-    return any(pattern.search(url) for pattern in patterns)
+class Filter:
+    """One `follow:` rule's filter on a checked URL: `same_domain`, `allow` and `deny`."""
+
+    def __init__(self, rule: FollowRule) -> None:
+        self.same_domain = rule.same_domain
+        self.allow = [re.compile(expr) for expr in rule.allow]
+        self.deny = [re.compile(expr) for expr in rule.deny]
+
+    def keeps(self, checked: CheckedURL, page_domain: str) -> bool:
+        if self.same_domain and checked.domain != page_domain:
+            return False
+        if self.allow and not any(pattern.search(checked.url) for pattern in self.allow):
+            return False
+        return not any(pattern.search(checked.url) for pattern in self.deny)
+
+
+class Collector:
+    """The links of one page, one string at a time: resolved against `base`, checked, kept
+    when one of `filters` keeps it, once each by canonical form, at most `limit` (links.py and
+    sitemaps.py share it, so a sitemap's URLs pass exactly the checks a page's links do)."""
+
+    def __init__(self, page_domain: str, limit: int, max_url_bytes: int) -> None:
+        self.page_domain = page_domain
+        self.limit = limit
+        self.max_url_bytes = max_url_bytes
+        self.found = Found()
+        self._canonical: set[str] = set()
+
+    def offer(self, href: object, base: str, filters: list[Filter]) -> None:
+        found = self.found
+        found.seen += 1
+        if len(found.links) >= self.limit:  # full: what comes after is not even checked
+            found.over_limit += 1
+            return
+        if not isinstance(href, str) or not href.strip() or len(href) > MAX_HREF_CHARS:
+            found.invalid += 1
+            return
+        try:
+            checked = check_url(urljoin(base, href.strip()), self.max_url_bytes)
+        except (InvalidURL, ValueError):
+            found.invalid += 1
+            return
+        if not any(one.keeps(checked, self.page_domain) for one in filters):
+            found.filtered += 1
+            return
+        key = canonical_url(checked.url)
+        if key in self._canonical:
+            return
+        self._canonical.add(key)
+        found.links.append(checked.url)
 
 
 def discover(
     selector: Selector, page_url: str, page_domain: str, rules: list[FollowRule], limit: int, max_url_bytes: int
 ) -> Found:
     """The links `rules` find on the page at `page_url` (in `page_domain`), at most `limit`."""
-    found = Found()
     base = _base(selector, page_url)
-    canonical_seen: set[str] = set()
+    collector = Collector(page_domain, limit, max_url_bytes)
     for rule in rules:
-        allow = [re.compile(expr) for expr in rule.allow]
-        deny = [re.compile(expr) for expr in rule.deny]
+        keep = [Filter(rule)]  # a rule's filter applies to what its own selector finds
         matches = selector.css(rule.links.expr) if rule.links.kind == "css" else selector.xpath(rule.links.expr)
         for match in matches:
-            href = match.get()
-            found.seen += 1
-            if not isinstance(href, str) or not href.strip() or len(href) > MAX_HREF_CHARS:
-                found.invalid += 1
-                continue
-            try:
-                checked = check_url(urljoin(base, href.strip()), max_url_bytes)
-            except (InvalidURL, ValueError):
-                found.invalid += 1
-                continue
-            if (rule.same_domain and checked.domain != page_domain) or (allow and not _matches(allow, checked.url)):
-                found.filtered += 1
-                continue
-            if _matches(deny, checked.url):
-                found.filtered += 1
-                continue
-            key = canonical_url(checked.url)
-            if key in canonical_seen:
-                continue
-            if len(found.links) >= limit:
-                found.over_limit += 1
-                continue
-            canonical_seen.add(key)
-            found.links.append(checked.url)
-    return found
+            collector.offer(match.get(), base, keep)
+    return collector.found

@@ -28,6 +28,7 @@ its own: one `multiprocessing.Process` per slot, talking over a pipe.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import dataclasses
 import json
@@ -49,7 +50,15 @@ log = logging.getLogger(__name__)
 
 # Why a page failed to parse: the dead letter's reason (stage `parse`).
 Failure = Literal[
-    "parse_error", "parse_timeout", "parse_memory", "parse_crash", "item_too_large", "not_json", "item_invalid"
+    "parse_error",
+    "parse_timeout",
+    "parse_memory",
+    "parse_crash",
+    "item_too_large",
+    "not_json",
+    "item_invalid",
+    "sitemap_invalid",
+    "sitemap_too_large",
 ]
 # Failures after which the worker is not trusted again: killed (if alive) and replaced.
 REPLACE: frozenset[Failure] = frozenset({"parse_timeout", "parse_memory", "parse_crash"})
@@ -88,6 +97,7 @@ def answer(request: bytes, max_item_bytes: int) -> bytes:
     from hutch.services.parser.extract import ItemTooLarge, NotJSON, extract, extract_crawled
     from hutch.services.parser.links import CrawlBounds
     from hutch.services.parser.schema import ItemInvalid
+    from hutch.services.parser.sitemaps import SitemapInvalid, SitemapTooLarge
 
     try:
         page = json.loads(request)
@@ -95,7 +105,11 @@ def answer(request: bytes, max_item_bytes: int) -> bytes:
         links: bytes = b""
         if spec is not None and spec.follow and page.get("crawl") is not None:
             bounds = CrawlBounds(**page["crawl"])
-            fields, found = extract_crawled(page["text"], page["url"], page["status"], spec, max_item_bytes, bounds)
+            gzip_body = base64.b64decode(page["gzip_body"], validate=True) if page.get("gzip_body") else None
+            fields, found = extract_crawled(
+                page["text"], page["url"], page["status"], spec, max_item_bytes, bounds,
+                gzip_body, page.get("content_type"),
+            )  # fmt: skip
             links = b', "links": ' + _links_json(found.links, max_item_bytes)
         else:
             fields = extract(page["text"], page["url"], page["status"], spec, max_item_bytes)
@@ -109,6 +123,10 @@ def answer(request: bytes, max_item_bytes: int) -> bytes:
         return _failure("not_json", str(exc))
     except ItemInvalid as exc:
         return _failure("item_invalid", str(exc))
+    except SitemapInvalid as exc:
+        return _failure("sitemap_invalid", str(exc))
+    except SitemapTooLarge as exc:
+        return _failure("sitemap_too_large", str(exc))
     except MemoryError:
         return _failure("parse_memory", "the worker's memory cap was reached")
     except Exception as exc:
@@ -256,10 +274,18 @@ class ParsePool:
         return (await self.extract_page(text, url, status, spec, crawl))[0]
 
     async def extract_page(
-        self, text: str, url: str, status: int, spec: Spec | None, crawl: CrawlBounds | None = None
+        self,
+        text: str,
+        url: str,
+        status: int,
+        spec: Spec | None,
+        crawl: CrawlBounds | None = None,
+        gzip_body: str | None = None,
+        content_type: str | None = None,
     ) -> tuple[dict[str, Any], list[str] | None]:
         """The item's fields and, for a crawl's page (`crawl` given, the spec with `follow:`),
-        the links to offer; or `ParseFailed` with the reason."""
+        the links to offer; or `ParseFailed` with the reason. A crawl's gzip file comes as
+        `gzip_body` (base64, `Page.gzip_body`) with the response's `content_type`."""
         request = json.dumps(
             {
                 "text": text,
@@ -267,6 +293,8 @@ class ParsePool:
                 "status": status,
                 "spec": spec.model_dump() if spec else None,
                 "crawl": dataclasses.asdict(crawl) if crawl is not None else None,
+                "gzip_body": gzip_body,
+                "content_type": content_type,
             },
             ensure_ascii=False,
         ).encode("utf-8")
