@@ -146,9 +146,13 @@ class Remote:
     def delete(self, job: str) -> dict[str, int]:
         return dict(self._call("DELETE", f"/jobs/{_seg(job)}"))
 
-    def control(self, job: str, action: str, weight: float | None = None) -> dict[str, Any]:
+    def control(
+        self, job: str, action: str, weight: float | None = None, budget: float | None = None
+    ) -> dict[str, Any]:
         if action == "weight":
             return dict(self._call("PUT", f"/jobs/{_seg(job)}/weight", json={"weight": weight}))
+        if budget is not None:
+            return dict(self._call("POST", f"/jobs/{_seg(job)}/{action}", json={"budget": budget}))
         return dict(self._call("POST", f"/jobs/{_seg(job)}/{action}"))
 
     # -- dead letters, domains, traces ------------------------------------------------------

@@ -43,11 +43,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from hutch.models import DeadLetter, Event, Item, JobControl, Page, Task
+from hutch.models import NO_REQUEST, DeadLetter, Event, Item, JobControl, Page, Task
 from hutch.postgres import PgConnection, is_postgres, outage_errors, pg_ddl
 from hutch.settings import redact_url
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 STATES = ("new", "queued", "in_flight", "retrying", "stored", "dead")
 TERMINAL = ("stored", "dead")
 JOB_STATES = ("running", "paused", "cancelled")
@@ -196,7 +196,21 @@ _SCHEMA = [
     CREATE INDEX pages_by_job ON pages (job);
     CREATE INDEX pages_by_hash ON pages (hash);
     """,
+    # version 8: a job's proxy budget. `budget`: NULL for none (its spec's, or raised by a
+    # resume); `spent`: what its proxied requests cost, kept up with each attempt recorded
+    # while it has a budget; `reason`: why it is paused when no person paused it (`budget`).
+    """
+    ALTER TABLE jobs ADD COLUMN budget REAL;
+    ALTER TABLE jobs ADD COLUMN spent REAL NOT NULL DEFAULT 0;
+    ALTER TABLE jobs ADD COLUMN reason TEXT;
+    """,
 ]
+# What a job's proxied requests cost so far, from its attempts (`cost_summary`'s rule: those
+# that went out through a proxy); the starting point of `jobs.spent` when a budget is set.
+_SPENT = (
+    "(SELECT COALESCE(SUM(a.cost), 0) FROM attempts a JOIN tasks t ON t.id = a.task_id WHERE t.job = jobs.name "
+    f"AND a.proxy_id IS NOT NULL AND COALESCE(a.outcome, '') NOT IN ({', '.join(repr(o) for o in NO_REQUEST)}))"
+)
 
 
 class StoreError(Exception):
@@ -301,6 +315,9 @@ class JobCounts:
     # A crawl's counts (Store.crawl_counts): links discovered, admitted, duplicates, over
     # max_depth, over max_pages, and the deepest depth admitted. None: not a crawl, or no link yet.
     crawl: dict[str, int] | None = None
+    budget: float | None = None  # its proxy budget (the pool's cost units); None: none
+    spent: float = 0.0  # what its proxied requests cost, counted while it has a budget
+    reason: str | None = None  # why it is paused when no person paused it (`budget`)
 
     @property
     def done(self) -> bool:
@@ -440,11 +457,15 @@ class Store:
     # -- jobs and tasks ----------------------------------------------------------------
 
     def add_job(self, name: str, spec: dict[str, Any] | None) -> None:
+        """Record the job and its spec; the spec's proxy budget (or none) becomes the job's,
+        its spend counted from the attempts so far when it had none."""
+        budget = spec.get("budget") if spec else None
         with self._tx():
             self.db.execute(
-                "INSERT INTO jobs (name, spec, created_at) VALUES (?, ?, ?) "
-                "ON CONFLICT (name) DO UPDATE SET spec = excluded.spec",
-                (name, json.dumps(spec) if spec else None, time.time()),
+                "INSERT INTO jobs (name, spec, created_at, budget) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT (name) DO UPDATE SET spec = excluded.spec, budget = excluded.budget, "
+                f"spent = CASE WHEN jobs.budget IS NULL THEN {_SPENT} ELSE jobs.spent END",
+                (name, json.dumps(spec) if spec else None, time.time(), budget),
             )
 
     def job_exists(self, name: str) -> bool:
@@ -496,6 +517,24 @@ class Store:
         row = self.db.execute("SELECT state, weight FROM jobs WHERE name = ?", (name,)).fetchone()
         return None if row is None else (str(row[0]), float(row[1]))
 
+    def job_budget(self, name: str) -> tuple[float | None, float] | None:
+        """(proxy budget, spent) of a job: None as the budget when it has none; None for a
+        job the store does not know."""
+        row = self.db.execute("SELECT budget, spent FROM jobs WHERE name = ?", (name,)).fetchone()
+        return None if row is None else (None if row[0] is None else float(row[0]), float(row[1]))
+
+    def over_budget(self, jobs: Iterable[str]) -> list[str]:
+        """Of `jobs`, the running ones whose proxy spend reached their budget: to be paused."""
+        names = sorted(set(jobs))
+        if not names:
+            return []
+        rows = self.db.execute(
+            f"SELECT name FROM jobs WHERE name IN ({','.join('?' * len(names))}) AND budget IS NOT NULL "
+            "AND spent >= budget AND state = 'running'",
+            names,
+        )
+        return [str(row[0]) for row in rows]
+
     def apply_job_control(self, control: JobControl) -> None:
         """Record a control record of the `jobs` stream: the newest per job (by `at`) wins.
 
@@ -503,7 +542,8 @@ class Store:
         after every start: a record older than the one that set the state (or the weight)
         changes nothing, one of the same `at` is applied again (the stream's order decides,
         as it does for the governors). A job this store has not seen (submitted against
-        another store) is recorded.
+        another store) is recorded. The record's `reason` is kept with the state (a pause's
+        only), and a resume's `budget` becomes the job's.
         """
         with self._tx():
             self.db.execute(
@@ -517,9 +557,14 @@ class Store:
                     (control.weight or 1.0, control.at, control.job, control.at),
                 )
                 return
+            reason = control.reason if control.action == "pause" else None
+            budget = control.budget if control.action == "resume" else None
+            # A budget where there was none: the spend so far, from the attempts.
+            raised = "" if budget is None else f", spent = CASE WHEN budget IS NULL THEN {_SPENT} ELSE spent END"
             self.db.execute(
-                "UPDATE jobs SET state = ?, state_at = ? WHERE name = ? AND (state_at IS NULL OR state_at <= ?)",
-                (_JOB_STATE_OF[control.action], control.at, control.job, control.at),
+                f"UPDATE jobs SET state = ?, state_at = ?, reason = ?, budget = COALESCE(?, budget){raised} "
+                "WHERE name = ? AND (state_at IS NULL OR state_at <= ?)",
+                (_JOB_STATE_OF[control.action], control.at, reason, budget, control.job, control.at),
             )
 
     def add_tasks(self, rows: Iterable[tuple[str, str, str, str]], messages: dict[str, str] | None = None) -> list[str]:
@@ -620,9 +665,9 @@ class Store:
                     (event.at, event.task_id, event.at),
                 )
             return
-        # The attempt happened, stale copy or not: it is history. The state moves only for
-        # the live copy.
-        self.db.execute(
+        # The attempt happened, stale copy or not: it is history (and, the first time it is
+        # recorded, a cost to a job with a proxy budget). The state moves only for the live copy.
+        recorded = self.db.execute(
             "INSERT INTO attempts (task_id, n, at, outcome, status, proxy_id, tier, cost, elapsed, next, delay, "
             "trace_id, span_id, fetcher) "
             "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
@@ -643,6 +688,10 @@ class Store:
                 event.fetcher,
             ),
         )
+        if recorded.rowcount == 1 and event.cost and event.proxy_id is not None and event.outcome not in NO_REQUEST:
+            self.db.execute(
+                "UPDATE jobs SET spent = spent + ? WHERE name = ? AND budget IS NOT NULL", (event.cost, event.job)
+            )
         if stale:
             return
         self.db.execute(
@@ -1046,6 +1095,16 @@ class Store:
         controls = {
             str(row[0]): (str(row[1]), float(row[2])) for row in self.db.execute("SELECT name, state, weight FROM jobs")
         }
+        budgets = {  # the few jobs with a proxy budget, or paused for a reason
+            str(row[0]): {
+                "budget": None if row[1] is None else float(row[1]),
+                "spent": round(float(row[2]), 6),
+                "reason": row[3],
+            }
+            for row in self.db.execute(
+                "SELECT name, budget, spent, reason FROM jobs WHERE budget IS NOT NULL OR reason IS NOT NULL"
+            )
+        }
         crawls = {
             str(row[0]): dict(zip(CRAWL_COUNTS, (int(v) for v in tuple(row)[1:]), strict=True))
             for row in self.db.execute(f"SELECT job, {', '.join(CRAWL_COUNTS)} FROM crawls")
@@ -1068,11 +1127,12 @@ class Store:
                     state,
                     weight,
                     crawls.get(row["job"]),
+                    **budgets.get(row["job"], {}),
                 )
             )
         if job is not None and not result and job in controls:
             state, weight = controls[job]
-            result.append(JobCounts(job, 0, 0, 0, 0, 0, state=state, weight=weight))
+            result.append(JobCounts(job, 0, 0, 0, 0, 0, state=state, weight=weight, **budgets.get(job, {})))
         return result
 
     def waiting(self) -> list[tuple[str, int, float]]:

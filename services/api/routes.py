@@ -29,7 +29,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, FastAPI, File, Form, Query, Request, UploadFile
+from fastapi import APIRouter, Body, Depends, FastAPI, File, Form, Query, Request, UploadFile
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -39,16 +39,19 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from hutch.amqp import PublishFailed
 from hutch.models import DEFAULT_TOP, MAX_TOP, SortKey, Spec, StatusRequest
 from hutch.models import task_id as task_id_of
+from hutch.request_options import redact
 from hutch.services.api.limits import LimitBodies
 from hutch.services.control import exports
 from hutch.services.control.dlq import replay_with
 from hutch.services.control.jobs import (
     Action,
+    BudgetSpent,
     JobControlError,
     Known,
     append_control,
     check_control,
     control_record,
+    known_in,
 )
 from hutch.services.control.submit import JobNameError, UrlFileError, check_job_name, check_urls, submissions
 from hutch.services.control.submit import valid_urls as file_urls
@@ -120,10 +123,17 @@ class JobStatus(Strict):
         None,
         description="a crawl's counts: links discovered, pages admitted, duplicates, over_depth, over_pages, depth",
     )
+    budget: float | None = Field(None, description="the job's proxy budget (its spec's `budget:`), if any")
+    spent: float = Field(0.0, description="what its proxied requests cost, counted while it has a budget")
+    reason: str | None = Field(None, description="why it is paused when no person paused it: `budget`")
 
 
 class Weight(Strict):
     weight: float
+
+
+class Budget(Strict):
+    budget: float = Field(description="the job's proxy budget from now on, in the proxies' cost units")
 
 
 class DeadFilter(Strict):
@@ -401,19 +411,21 @@ async def delete(api: Service, job: str) -> dict[str, int]:
     return dict(gone)
 
 
-async def _control(api: Api, job: str, action: Action, weight: float | None = None) -> JobStatus:
+async def _control(
+    api: Api, job: str, action: Action, weight: float | None = None, budget: float | None = None
+) -> JobStatus:
     try:
-        record = control_record(job, action, weight)
+        record = control_record(job, action, weight, budget)
     except JobNameError as exc:
         raise Refused(400, str(exc), "job") from None
     except JobControlError as exc:
-        raise Refused(400, str(exc), "weight") from None
-    found = await _store(api, lambda s: s.job_state(job))
-    known = Known(False) if found is None else Known(True, found[0], found[1])
+        raise Refused(400, str(exc), "weight" if budget is None else "budget") from None
+    known: Known = await _store(api, lambda s: known_in(s, job))
     try:
-        check_control(job, action, known)
+        check_control(job, action, known, budget)
     except JobControlError as exc:
-        raise Refused(409 if known.exists else 404, str(exc), "job") from None
+        where = "budget" if isinstance(exc, BudgetSpent) else "job"
+        raise Refused(409 if known.exists else 404, str(exc), where) from None
     await append_control(api.broker, record)
     await _store(api, lambda s: s.apply_job_control(record))  # the storer will too: idempotent
     return status_of(await _counts_of(api, job))
@@ -426,8 +438,10 @@ async def pause(api: Service, job: str) -> JobStatus:
 
 
 @router.post("/jobs/{job}/resume", tags=["controls"])
-async def resume(api: Service, job: str) -> JobStatus:
-    return await _control(api, job, "resume")
+async def resume(api: Service, job: str, body: Annotated[Budget | None, Body()] = None) -> JobStatus:
+    """Release the job's tasks again. A job paused because its proxy budget is spent (`reason`
+    `budget`) needs a new `budget`, above what it spent (409 otherwise)."""
+    return await _control(api, job, "resume", budget=body.budget if body is not None else None)
 
 
 @router.post("/jobs/{job}/cancel", tags=["controls"])
@@ -462,11 +476,13 @@ async def dead(
 
 @router.get("/dead/{entry_id}", tags=["dead letters"])
 async def dead_entry(api: Service, entry_id: int) -> dict[str, Any]:
-    """One dead letter whole, with the task's attempt history."""
+    """One dead letter whole, with the task's attempt history (a spec's header and cookie
+    values redacted: they may be credentials)."""
     entry = await _store(api, lambda s: s.dead_entry(entry_id))
     if entry is None:
         raise Refused(404, f"no dead letter with id {entry_id}", "entry_id")
-    return {**entry, "letter": json.loads(entry["letter"])}
+    shown: dict[str, Any] = redact({**entry, "letter": json.loads(entry["letter"])})
+    return shown
 
 
 @router.post("/dead/replay", tags=["dead letters"])

@@ -36,6 +36,7 @@ from hutch.services.control.jobs import (
     Action,
     JobControlError,
     append_control,
+    check_budget,
     check_control,
     check_weight,
     control_record,
@@ -95,6 +96,14 @@ def _rate(text: str) -> float:
 def _weight(text: str) -> float:
     try:
         return check_weight(float(text))
+    except ValueError as exc:
+        message = str(exc) if isinstance(exc, JobControlError) else f"expected a number, got {text!r}"
+        raise argparse.ArgumentTypeError(message) from None
+
+
+def _budget(text: str) -> float:
+    try:
+        return check_budget(float(text))
     except ValueError as exc:
         message = str(exc) if isinstance(exc, JobControlError) else f"expected a number, got {text!r}"
         raise argparse.ArgumentTypeError(message) from None
@@ -342,6 +351,9 @@ def print_status(rows: list[JobCounts], costs: list[dict[str, Any]], as_json: bo
             f"{row.cancelled:>9} {row.pending:>8} {row.in_flight:>9} {row.stalled:>8} {row.rescued:>8}"
         )
     for row in rows:
+        if row.budget is not None or row.reason is not None:
+            print(f"job {shown(row.job)}: {budget_text(row)}")
+    for row in rows:
         if row.crawl:
             c = row.crawl
             print(
@@ -428,12 +440,27 @@ async def cmd_domains(args: argparse.Namespace) -> int:
 
 
 def job_state_text(row: JobCounts) -> str:
-    """`running`, `paused` or `cancelled` (done, whatever is pending), `finished` once nothing
-    is pending, and the weight if not 1."""
-    text = row.state
+    """`running`, `paused` (`paused: budget` when its proxy budget paused it) or `cancelled`
+    (done, whatever is pending), `finished` once nothing is pending, and the weight if not 1."""
+    text = row.state if row.state != "paused" or not row.reason else f"paused: {shown(row.reason)}"
     if row.total and row.pending == 0:
         text = "finished" if row.state == "running" else f"{row.state}, finished"
     return text if row.weight == 1 else f"{text} w={row.weight:g}"
+
+
+def _cost(value: float) -> str:
+    return f"{value:.2f}" if value >= 1 else f"{value:.4g}"
+
+
+def budget_text(row: JobCounts) -> str:
+    """A job's proxy budget and why it is paused, when not by a person:
+    `paused: proxy budget 5.00 spent (5.02)`, or `proxy budget 5.00, 1.20 spent`."""
+    if row.reason == "budget" and row.state == "paused":
+        budget = _cost(row.budget) if row.budget is not None else "?"
+        return f"paused: proxy budget {budget} spent ({_cost(row.spent)}); hutch resume {shown(row.job)} --budget B"
+    if row.state == "paused" and row.reason:
+        return f"paused: {shown(row.reason)}"
+    return f"proxy budget {_cost(row.budget or 0.0)}, {_cost(row.spent)} spent"
 
 
 def job_json(row: JobCounts, costs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -441,16 +468,18 @@ def job_json(row: JobCounts, costs: list[dict[str, Any]]) -> dict[str, Any]:
     return {**row.__dict__, "finished": row.total > 0 and row.done, "costs": costs}
 
 
-async def control_job(settings: Settings, job: str, action: Action, weight: float | None = None) -> None:
+async def control_job(
+    settings: Settings, job: str, action: Action, weight: float | None = None, budget: float | None = None
+) -> None:
     """Check what the store can tell, append the record to the `jobs` stream (confirmed), then
     record it in the store here, so `hutch status` and the next command see it at once."""
     if settings.api_url:  # the API checks and records, as below
-        overapi.control(settings, job, action, weight)
+        overapi.control(settings, job, action, weight, budget)
         return
     try:
-        record = control_record(job, action, weight)
+        record = control_record(job, action, weight, budget)
         known = known_job(settings.store_location, job)
-        check_control(job, action, known)
+        check_control(job, action, known, budget)
     except (JobNameError, JobControlError) as exc:
         raise UserError(str(exc)) from None
     broker = await _connect(settings)
@@ -469,9 +498,10 @@ async def cmd_control(args: argparse.Namespace) -> int:
     """`hutch pause|resume|cancel JOB` and `hutch weight JOB W`."""
     settings = _settings()
     action: Action = args.command
-    weight = getattr(args, "weight", None)
-    await control_job(settings, args.job, action, weight)
+    weight, budget = getattr(args, "weight", None), getattr(args, "budget", None)
+    await control_job(settings, args.job, action, weight, budget)
     what = f"job {shown(args.job)} {_DONE[action]}" + (f" to {weight:g}" if weight is not None else "")
+    what += f" with a proxy budget of {budget:g}" if budget is not None else ""
     print(f"{what}; governors follow the jobs stream", file=sys.stderr)
     return 0
 
@@ -847,6 +877,10 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         p = sub.add_parser(action, help=text)
         p.add_argument("job", help="the job's name")
+        if action == "resume":
+            p.add_argument(
+                "--budget", type=_budget, metavar="B", help="the job's proxy budget from now on (above what it spent)"
+            )
         p.set_defaults(run=cmd_control, is_async=True)
     p = sub.add_parser("weight", help="set a job's share of each domain's rate (default 1)")
     p.add_argument("job", help="the job's name")

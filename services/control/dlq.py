@@ -6,7 +6,9 @@ the matching letters with confirms and marks each replayed only once the broker 
 an interrupted replay is resumed by running it again and nothing is sent twice: a task goes
 back to the frontier (its attempts reset with `--reset-attempts`), and a page that
 failed to parse goes straight back to the parser, without a re-fetch. A letter that could
-not be decoded at all has no task to replay and is left in the ledger.
+not be decoded at all has no task to replay and is left in the ledger. `show` prints a
+letter with the values of its spec's headers and cookies redacted (`hutch.request_options`);
+a replay sends them as they were.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any
 
 from hutch.amqp import Broker
 from hutch.models import DeadLetter
+from hutch.request_options import redact
 from hutch.services.control import overapi
 from hutch.services.control.terminal import json_text, shown
 from hutch.settings import Settings
@@ -83,7 +86,7 @@ def cmd_show(settings: Settings, args: argparse.Namespace) -> int:
     if entry is None:
         raise LookupError(f"no dead letter with id {args.id}")
     entry["letter"] = json.loads(entry["letter"])
-    print(json_text(entry, indent=2))
+    print(json_text(redact(entry), indent=2))  # a job's header and cookie values may be credentials
     return 0
 
 

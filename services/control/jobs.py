@@ -13,6 +13,11 @@ store is not on this machine the check is skipped and the record goes out as ask
 is, the command records the new state there itself once the broker confirmed the record (the
 storer does the same when it reads it: applying a record twice changes nothing), so the
 next command and `hutch status` see it at once.
+
+A job with a proxy budget (its spec's `budget:`) is paused by the storer once its spend
+reaches it, through the same stream (reason `budget`). Resuming such a job as it is would
+only pause it again at its next proxied request, so it is refused where the store can tell;
+`resume` takes a new budget, above what the job has spent, with the record.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from hutch.amqp import Broker
-from hutch.models import JobControl
+from hutch.models import MAX_BUDGET, JobControl
 from hutch.services.control.submit import check_job_name
 from hutch.store import Store, store_exists
 
@@ -34,6 +39,10 @@ class JobControlError(ValueError):
     """A control the store says makes no sense (an unknown job, a cancelled one), or a bad weight."""
 
 
+class BudgetSpent(JobControlError):
+    """A resume that would only pause again: the job's proxy budget is spent (or the new one is)."""
+
+
 @dataclass(frozen=True)
 class Known:
     """What the store knows of a job: its state and weight, or nothing (`exists` False)."""
@@ -41,6 +50,8 @@ class Known:
     exists: bool
     state: str = "running"
     weight: float = 1.0
+    budget: float | None = None  # its proxy budget; None: none
+    spent: float = 0.0
 
 
 def check_weight(value: float) -> float:
@@ -50,14 +61,35 @@ def check_weight(value: float) -> float:
     return value
 
 
-def check_control(job: str, action: Action, known: Known | None) -> None:
-    """Refuse a control the store can tell is wrong; `known` None: the store cannot tell."""
+def check_budget(value: float) -> float:
+    """`value` when it is a valid proxy budget: a finite number above 0 and at most MAX_BUDGET."""
+    if not math.isfinite(value) or not 0 < value <= MAX_BUDGET:
+        raise JobControlError(f"invalid budget {value!r}: use a number above 0 (in the proxies' cost units)")
+    return value
+
+
+def check_control(job: str, action: Action, known: Known | None, budget: float | None = None) -> None:
+    """Refuse a control the store can tell is wrong; `known` None: the store cannot tell.
+    `budget`: the new proxy budget a resume brings."""
     if known is None:
         return
     if not known.exists:
         raise JobControlError(f"no job named {job!r} in the store")
     if known.state == "cancelled" and action in ("pause", "resume"):
         raise JobControlError(f"job {job!r} is cancelled: its tasks end as they surface and it cannot be {action}d")
+    if action != "resume":
+        return
+    if budget is not None and budget <= known.spent:
+        raise BudgetSpent(
+            f"job {job!r} has spent {known.spent:.4g} on proxies: a budget of {budget:g} would pause it again; "
+            "give more than it spent"
+        )
+    if budget is None and known.budget is not None and known.spent >= known.budget:
+        raise BudgetSpent(
+            f"job {job!r} has spent its proxy budget ({known.spent:.4g} of {known.budget:g}): resumed as it is, it "
+            f"would pause again at its next proxied request; resume it with a budget above {known.spent:.4g} "
+            "(--budget)"
+        )
 
 
 def known_job(store_location: str, job: str) -> Known | None:
@@ -66,10 +98,18 @@ def known_job(store_location: str, job: str) -> Known | None:
         return None
     store = Store(store_location)
     try:
-        found = store.job_state(job)
+        return known_in(store, job)
     finally:
         store.close()
-    return Known(False) if found is None else Known(True, found[0], found[1])
+
+
+def known_in(store: Store, job: str) -> Known:
+    """What `store` knows of `job`."""
+    found = store.job_state(job)
+    if found is None:
+        return Known(False)
+    budget, spent = store.job_budget(job) or (None, 0.0)
+    return Known(True, found[0], found[1], budget, spent)
 
 
 def note_control(store_location: str, control: JobControl) -> None:
@@ -81,15 +121,20 @@ def note_control(store_location: str, control: JobControl) -> None:
         store.close()
 
 
-def control_record(job: str, action: Action, weight: float | None = None) -> JobControl:
-    """The record for `action` on `job`, checked: a valid name, a weight for `weight` only."""
+def control_record(job: str, action: Action, weight: float | None = None, budget: float | None = None) -> JobControl:
+    """The record for `action` on `job`, checked: a valid name, a weight for `weight` only, a
+    budget for `resume` only."""
     check_job_name(job)
+    if budget is not None and action != "resume":
+        raise JobControlError(f"a {action} record takes no budget")
     if action == "weight":
         if weight is None:
             raise JobControlError("a weight record needs a weight")
         return JobControl(job=job, action=action, weight=check_weight(weight))
     if weight is not None:
         raise JobControlError(f"a {action} record takes no weight")
+    if budget is not None:
+        return JobControl(job=job, action=action, budget=check_budget(budget))
     return JobControl(job=job, action=action)
 
 

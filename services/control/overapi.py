@@ -62,9 +62,9 @@ def export(settings: Settings, job: str, out: IO[str], form: str = "jsonl") -> i
     return count if form == "jsonl" else None
 
 
-def control(settings: Settings, job: str, action: str, weight: float | None) -> None:
+def control(settings: Settings, job: str, action: str, weight: float | None, budget: float | None = None) -> None:
     with Remote(settings) as remote:
-        remote.control(job, action, weight)
+        remote.control(job, action, weight, budget)
 
 
 def delete(settings: Settings, job: str) -> dict[str, int]:

@@ -19,6 +19,10 @@ governors do, and records each job's state (running, paused, cancelled) and weig
 wins, by its `at`). A record is never given back: the consumer's requeue republishes to the
 queue, which on a stream would append the record again; while the store refuses writes it is
 retried in place.
+
+It watches each job's proxy budget too: recording an attempt's cost adds it to the job's
+spend (once per attempt, in the same transaction), and a running job whose spend reached its
+budget is paused through the jobs stream, with the reason `budget` (`_pause_spent`).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from hutch.amqp import Dead, Delivery, PublishFailed, Requeue, queue_depth
 from hutch.crawl import crawl_links
 from hutch.models import AnyEvent, DeadLetter, Item, JobControl, Page, Rescued, Submission, Task
 from hutch.service import Service
+from hutch.services.control.jobs import append_control
 from hutch.services.control.submit import JobNameError, check_job_name, submit
 from hutch.services.proxy_manager.pool import TIERS
 from hutch.services.storer import reconcile
@@ -144,7 +149,26 @@ class Storer(Service):
 
     async def _on_event(self, message: AnyEvent, _: Delivery) -> None:
         events = message.events()
-        await self._write(lambda store: store.apply_events(events))
+        spent: list[str] = []
+
+        def write(store: Store) -> None:
+            store.apply_events(events)
+            # Read in the same transaction: a group retried reads it anew.
+            spent[:] = store.over_budget(event.job for event in events if event.cost)
+
+        await self._write(write)
+        for job in spent:
+            await self._pause_spent(job)
+
+    async def _pause_spent(self, job: str) -> None:
+        """The job's proxy spend reached its budget: pause it as `hutch pause` does (a record on
+        the jobs stream, which every governor follows), then record that here, before the event
+        that showed it is acked. Found by the job's state, not by the crossing, so a storer that
+        stops in between pauses it when the event comes again; a second record changes nothing."""
+        control = JobControl(job=job, action="pause", reason="budget")
+        await append_control(self.broker, control)
+        await self._write(lambda store: store.apply_job_control(control))
+        log.info("job %s paused: its proxy budget is spent", job)
 
     async def _on_submission(self, submission: Submission, _: Delivery) -> None:
         """Record a submission's tasks, then publish those not published before (the same
