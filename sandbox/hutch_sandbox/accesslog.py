@@ -38,6 +38,9 @@ class AccessRecord:
     fault: str | None = None
     upstream_source: str | None = None  # proxy records: the address it connects from
     host: str | None = None  # site records: the Host header (cut at 300 characters), None if absent
+    # Site records: the request's headers, names lower-cased, repeats joined with ", " (the
+    # first 64 headers, each value cut at 1,000 characters); None where no head was read.
+    headers: dict[str, str] | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), ensure_ascii=False)

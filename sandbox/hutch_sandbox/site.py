@@ -31,7 +31,8 @@ test can ask for exactly the trouble it wants:
 A site answers whatever the Host header says, so every host name resolved to its port
 (`HUTCH_RESOLVE=*.wide.test:PORT:127.0.0.1`) is served, as one site. Each request is counted
 under its Host header (`hutch_sandbox.hostcount`) and its access record carries the header,
-so per-domain limits can be checked at the site.
+so per-domain limits can be checked at the site, and the request's headers, so a test sees
+what a job sent (its headers and cookies).
 """
 
 from __future__ import annotations
@@ -70,6 +71,8 @@ from hutch_sandbox.rules import (
 __all__ = ["Reply", "SiteServer"]
 
 TRICKLE_INTERVAL = 1.0
+MAX_RECORDED_HEADERS = 64  # of a request, in its access record
+MAX_HEADER_CHARS = 1000
 MAX_BIG = 1 << 30
 HTML = "text/html; charset=utf-8"
 TEXT = "text/plain; charset=utf-8"
@@ -129,6 +132,15 @@ async def _filler(size: int) -> AsyncIterator[bytes]:
         chunk = block[: min(size, len(block))]
         size -= len(chunk)
         yield chunk
+
+
+def _headers(request: Request) -> dict[str, str]:
+    """The request's headers as its access record keeps them (bounded: see `AccessRecord`)."""
+    found: dict[str, str] = {}
+    for name, value in request.headers[:MAX_RECORDED_HEADERS]:
+        key, value = name.lower(), value[:MAX_HEADER_CHARS]
+        found[key] = f"{found[key]}, {value}" if key in found else value
+    return found
 
 
 async def _until_peer_leaves(reader: asyncio.StreamReader) -> None:
@@ -200,7 +212,9 @@ class SiteServer(Listener):
             decision = self._decide(request, client)
             outcome = decision.outcome
             status = outcome if isinstance(outcome, str) else outcome.status
-            self._record(arrival, request.method, request.target, client, status, decision.fault, host)
+            self._record(
+                arrival, request.method, request.target, client, status, decision.fault, host, _headers(request)
+            )
             if decision.delay > 0:
                 await asyncio.sleep(decision.delay)
             if outcome == "reset":
@@ -222,6 +236,7 @@ class SiteServer(Listener):
         status: int | str,
         fault: str | None,
         host: str | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         self._log.add(
             AccessRecord(
@@ -236,6 +251,7 @@ class SiteServer(Listener):
                 status=status,
                 fault=fault,
                 host=None if host is None else host[:MAX_HOST_CHARS],
+                headers=headers,
             )
         )
 

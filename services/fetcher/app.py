@@ -35,6 +35,7 @@ from aio_pika.exceptions import AMQPError
 
 from hutch.amqp import Delivery, PublishFailed, RpcClient
 from hutch.models import Attempt, Event, FetcherHeartbeat, Lease, LeaseRequest, Page, RobotsFetched, Task
+from hutch.request_options import request_headers
 from hutch.service import Service
 from hutch.services.fetcher.charsets import decode_body, page_text
 from hutch.services.fetcher.fetch import NotSent, fetch, make_client, warm_up
@@ -167,6 +168,7 @@ class Fetcher(Service):
                 max_body_bytes=self.settings.max_body_bytes,
                 max_encodings=self.settings.max_content_encodings,
                 on_time=on_time,
+                headers=_job_headers(task),
             )
         )
         self._fetches.add(job)
@@ -456,6 +458,15 @@ class Fetcher(Service):
         )
         key = outcome_key(task.domain, proxied=event.proxy_id is not None)
         await self.broker.publish(self.broker.topology.events, key, event)
+
+
+def _job_headers(task: Task) -> dict[str, str]:
+    """The headers and cookies of the task's spec, for the URL it fetches now (a redirect's
+    hop to another host goes without the credentials: `hutch.request_options`)."""
+    spec = task.spec
+    if spec is None or task.purpose != "page" or not (spec.headers or spec.cookies):
+        return {}
+    return request_headers(spec.headers or {}, spec.cookies or {}, task.fetch_url or task.url, task.url)
 
 
 def _error(exc: Exception, elapsed: float, status: int | None = None) -> FetchResult:

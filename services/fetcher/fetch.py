@@ -18,6 +18,11 @@ each hop is a request to a site and goes back through the governor as a new atte
 policy.py). Every failure becomes a `FetchResult` whose outcome is a key of
 `policy.DEFAULT_RULES`; nothing here raises, but for `NotSent`.
 
+The clients keep no cookies (`_NoCookies`): a client serves every job behind its proxy, so a
+site's `Set-Cookie` kept there would go out with other jobs' requests. What a request sends
+beyond the client's User-Agent and Accept-Encoding is the caller's `headers`: a job's own
+headers and cookies (`hutch.request_options`), checked before they were queued.
+
 A caller that must not send late (a permit's moment at the site, see lateness.py) gives
 `on_time`: it is asked again at the request's first step on the network (a new
 connection's connect, or the request head on a kept-alive one), after whatever the
@@ -31,9 +36,10 @@ import asyncio
 import contextlib
 import email.utils
 import functools
+import http.cookiejar
 import ssl
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from urllib.parse import urljoin, urlsplit
 
 import certifi
@@ -110,6 +116,19 @@ async def _hold_location(response: httpx.Response) -> None:
         del response.headers["location"]
 
 
+class _NoCookies(http.cookiejar.DefaultCookiePolicy):
+    """Keeps no cookie and returns none: a client serves every job that uses its proxy, so a
+    site's `Set-Cookie` kept in its jar would go out with other jobs' requests, and what a
+    request sends would depend on which fetcher took it. A job's cookies are its spec's alone
+    (`hutch.request_options`), sent as a header on each request."""
+
+    def set_ok(self, cookie: http.cookiejar.Cookie, request: object) -> bool:
+        return False
+
+    def return_ok(self, cookie: http.cookiejar.Cookie, request: object) -> bool:
+        return False
+
+
 def make_client(
     *,
     proxy: str | None,
@@ -137,6 +156,7 @@ def make_client(
         headers={"User-Agent": user_agent, "Accept-Encoding": ACCEPT_ENCODING},
         timeout=httpx.Timeout(connect=connect_timeout, read=read_timeout, write=read_timeout, pool=connect_timeout),
         follow_redirects=False,
+        cookies=http.cookiejar.CookieJar(policy=_NoCookies()),
         event_hooks={"response": [_hold_location]},
         trust_env=False,  # never pick up HTTP_PROXY and friends behind the proxy-manager's back
     )
@@ -228,9 +248,12 @@ async def fetch(
     max_encodings: int = 2,
     read_timeout: float | None = None,
     on_time: Callable[[], bool] | None = None,
+    headers: Mapping[str, str] | None = None,
 ) -> FetchResult:
     """Fetch `url`; `read_timeout`, when given, replaces the client's own for this request;
-    `on_time`, when given, may withdraw it unsent (`NotSent`) at its first network step."""
+    `on_time`, when given, may withdraw it unsent (`NotSent`) at its first network step;
+    `headers` go with the client's own (a job's, `hutch.request_options`: checked, and
+    never put in a result's detail)."""
     started = time.monotonic()
     proxied = proxy is not None
     timeouts = _with_read(client.timeout, read_timeout)
@@ -240,7 +263,7 @@ async def fetch(
 
     try:
         async with asyncio.timeout(total_timeout):
-            request = client.build_request("GET", url, timeout=timeouts)
+            request = client.build_request("GET", url, headers=headers, timeout=timeouts)
             if on_time is not None:
                 request.extensions["trace"] = _first_step(on_time)
             # Inside a CONNECT tunnel (https) every answer is the site's: the proxy cannot write there.
