@@ -210,8 +210,10 @@ class Client:
     def pause(self, job: str) -> None:
         self._control(job, "pause")
 
-    def resume(self, job: str) -> None:
-        self._control(job, "resume")
+    def resume(self, job: str, budget: float | None = None) -> None:
+        """Resume a paused job; `budget`: its proxy budget from now on (needed, above what it
+        spent, when its budget paused it; the store's check is the CLI's and the API's)."""
+        self._control(job, "resume", budget=budget)
 
     def cancel(self, job: str) -> None:
         self._control(job, "cancel")
@@ -219,13 +221,13 @@ class Client:
     def weight(self, job: str, weight: float) -> None:
         self._control(job, "weight", weight)
 
-    def _control(self, job: str, action: Any, weight: float | None = None) -> None:
+    def _control(self, job: str, action: Any, weight: float | None = None, budget: float | None = None) -> None:
         try:
-            control: JobControl = control_record(job, action, weight)
+            control: JobControl = control_record(job, action, weight, budget)
         except (JobControlError, JobNameError) as exc:
             raise InvalidInput(str(exc)) from None
         if self.settings.api_url:
-            self._remote(lambda r: r.control(job, action, weight))
+            self._remote(lambda r: r.control(job, action, weight, budget))
             return
         self._publish("", self.topology.jobs, control)  # a stream, published to like a queue
 

@@ -236,3 +236,18 @@ def test_json_text_inside_is_redacted_too_even_cut_short() -> None:
 def test_redaction_leaves_everything_else_as_it_was() -> None:
     letter = json.loads(encode(Task(id="t", job="j", url="http://a.test/", domain="a.test").dead_letter("fetch", "x")))
     assert redact(letter) == letter
+
+
+def test_the_readmes_request_options_example_loads() -> None:
+    import textwrap
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    block = text.split("- A spec may give **request options**")[1].split("```yaml")[1].split("```")[0]
+    loaded = spec_from_bytes(textwrap.dedent(block).encode(), "README.md")
+    assert loaded.cookies == {"session": "abc123", "consent": "yes"}
+    assert loaded.headers is not None and set(loaded.headers) == {"Accept-Language", "Authorization", "User-Agent"}
+    assert loaded.budget == 5.0
+    assert request_headers(loaded.headers, loaded.cookies, "https://a.test/", "https://a.test/")["Cookie"] == (
+        "session=abc123; consent=yes"
+    )
