@@ -47,6 +47,7 @@ BOUNDARY = "hutch-test-boundary"
 # whatever ran before (none of these fails three attempts in a row from the first).
 INLINE, FILE, CLI, CLIENT = slice(0, 40), slice(40, 70), slice(160, 180), slice(180, 195)
 CAPPED_REFUSED, CAPPED_TAKEN, CHUNKED = slice(200, 210), slice(210, 220), slice(230, 235)
+BUDGETED = slice(240, 245)
 
 
 @pytest.fixture(scope="module")
@@ -220,6 +221,33 @@ async def test_a_url_file_streamed_in_is_checked_whole_then_runs_and_controls_ap
     assert again.status_code == 409 and "cancelled" in again.json()["error"]
     domains = (await api.get("/domains", params={"top": 5})).json()
     assert domains["governors"] >= 1 and domains["domains"]
+
+
+async def test_request_options_are_checked_and_a_resume_takes_a_new_proxy_budget(
+    api: httpx.AsyncClient, sandbox: Sandbox
+) -> None:
+    urls = sandbox.urls()[BUDGETED]
+    owned = {**SPEC, "headers": {"Host": "elsewhere.test"}}
+    refused = await api.post("/jobs", json={"job": "budgeted", "urls": urls, "spec": owned})
+    assert refused.status_code == 400 and refused.json()["field"] == "spec"
+    assert "headers: 'Host'" in refused.json()["error"]
+    spec = {**SPEC, "headers": {"X-Job": "api"}, "cookies": {"sid": "api-session"}, "budget": 2.5}
+    answer = await api.post("/jobs", json={"job": "budgeted", "urls": urls, "spec": spec})
+    assert answer.status_code == 202
+    for _ in range(300):  # until the storer recorded the job (at most 30 s)
+        if (await api.get("/jobs/budgeted")).status_code == 200:
+            break
+        await asyncio.sleep(0.1)
+    status = (await api.get("/jobs/budgeted")).json()
+    assert (status["budget"], status["spent"], status["reason"]) == (2.5, 0.0, None)  # direct: nothing spent
+    assert (await api.post("/jobs/budgeted/pause")).json()["state"] == "paused"
+    bad = await api.post("/jobs/budgeted/resume", json={"budget": -1})
+    assert bad.status_code == 400 and bad.json()["field"] == "budget"
+    resumed = await api.post("/jobs/budgeted/resume", json={"budget": 4})
+    assert resumed.status_code == 200
+    assert (resumed.json()["state"], resumed.json()["budget"], resumed.json()["reason"]) == ("running", 4.0, None)
+    finished = await wait_finished(api, "budgeted")
+    assert finished["stored"] + finished["dead"] == len(urls)
 
 
 def url_file_upload(urls: list[str], size: int) -> bytes:

@@ -489,6 +489,7 @@ async def test_submit_status_and_export_drive_a_job_on_running_services_storing_
     assert counts == {
         "job": "cli-job", "total": total, "stored": total, "dead": 0, "in_flight": 0, "pending": 0,
         "stalled": 0, "rescued": 0, "cancelled": 0, "state": "running", "weight": 1.0, "finished": True,
+        "crawl": None, "budget": None, "spent": 0.0, "reason": None,
     }  # fmt: skip
     # No pool in this test: every request went direct, and cost nothing.
     assert {(c["tier"], c["cost"]) for c in costs} == {("direct", 0.0)}
