@@ -22,6 +22,7 @@ from hutch.store import AsyncStore, JobCounts, Store
 from ..conftest import service_env
 
 HERE = Path(__file__).parent
+QUICK_BACKOFF = 0.5  # seconds before the supervisor starts again a service that died young
 
 
 @pytest.fixture
@@ -80,7 +81,9 @@ def extra_env() -> dict[str, str]:
 async def running_services(settings: Settings, sandbox: Sandbox, extra_env: dict[str, str]) -> AsyncIterator[Services]:
     """The five services (one fetcher) on these settings, let through to the sandbox's sites."""
     env = service_env(settings, **{"HUTCH_ALLOWED_TARGETS": ",".join(sandbox.allowed_targets()), **extra_env})
-    supervisor = Supervisor(env, fetchers=1, grace=settings.shutdown_grace)
+    # A service a test kills within 5 s of its start is one the supervisor takes for failing at
+    # start: it would wait 2 s (`hutch up`'s backoff) before starting it again.
+    supervisor = Supervisor(env, fetchers=1, grace=settings.shutdown_grace, quick_backoff=QUICK_BACKOFF)
     await supervisor.start()
     try:
         await supervisor.wait_ready(timeout=60)
