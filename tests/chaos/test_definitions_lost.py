@@ -31,8 +31,11 @@ pytestmark = [pytest.mark.chaos, pytest.mark.e2e, pytest.mark.timeout(150)]
 @pytest.fixture
 def settings(settings: Settings) -> Settings:
     # The governor started at the end reads the releases made since the wipe and waits one
-    # permit lifetime after the last of them before releasing: 4 s here, not 10.
-    return settings.model_copy(update={"permit_ttl": 4.0})
+    # permit lifetime after the last of them before releasing: 4 s here, not 10. It counts
+    # those releases as fetches in flight until their deadline (4 s + the fetch deadline, 14 s),
+    # not hearing the outcomes that came before it: limits on fetches in flight above the
+    # second job's releases (122, about 40 a domain) let the permit lifetime decide, as said.
+    return settings.model_copy(update={"permit_ttl": 4.0, "concurrency_per_domain": 128, "concurrency": 512})
 
 
 async def missing_definitions(url: str, exchanges: list[str], consumed: list[str]) -> list[str]:

@@ -22,6 +22,7 @@ from hutch.store import AsyncStore, JobCounts, Store
 
 from ..conftest import service_env
 from ..integration.test_governor_fleet import sandbox, wait_until, worst_window
+from .conftest import QUICK_BACKOFF
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
@@ -34,7 +35,18 @@ RATE = 4.0
 
 
 def tuned(settings: Settings) -> Settings:
-    return settings.model_copy(update={"rate": RATE, "burst": 1, "permit_ttl": 6.0, "max_hold": 2.0})
+    # A governor that starts counts the releases it reads back from the released log as
+    # fetches in flight until their deadline (permit lifetime and fetch deadline: 16 s here),
+    # since it cannot hear the outcomes that came before it. With the default limits on
+    # fetches in flight (8 per domain, 16 per fetcher) those alone would hold every domain
+    # until then, and the takeover wait of one permit lifetime would never show; at RATE the
+    # fetches really in flight are one or two per domain, far below these.
+    return settings.model_copy(
+        update={
+            "rate": RATE, "burst": 1, "permit_ttl": 6.0, "max_hold": 2.0,
+            "concurrency_per_domain": 64, "concurrency": 64,
+        }
+    )  # fmt: skip
 
 
 def env(settings: Settings, box: Sandbox) -> dict[str, str]:
@@ -108,6 +120,7 @@ async def test_a_sigkilled_governor_is_replaced_and_the_new_one_resumes_every_do
             services=("governor", "fetcher", "parser", "storer"),
             grace=settings.shutdown_grace,
             out=None,
+            quick_backoff=QUICK_BACKOFF,  # killed within 5 s of its start: no 2 s wait before the new one
         )
         await supervisor.start()
         try:
