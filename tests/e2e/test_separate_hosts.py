@@ -88,8 +88,9 @@ async def wait_status(
 
 
 async def start_fleet(net: Network, fleet: Fleet, base: dict[str, str], folder: Path) -> dict[str, Host]:
-    """Each service in a host of its own (two fetchers), started in turn until ready."""
+    """Each service in a host of its own (two fetchers), all started at once, until each is ready."""
     hosts = {}
+    started = []
     for i, name in enumerate(PROCESSES):
         label = f"{name}{i}" if name == "fetcher" else name
         host = net.host(label)
@@ -97,8 +98,10 @@ async def start_fleet(net: Network, fleet: Fleet, base: dict[str, str], folder: 
         env = {**base, "HUTCH_DATA_DIR": str(folder / label / "data")}
         if name == "api":
             env.update(HUTCH_API_HOST=host.address, HUTCH_API_PORT="8080")
-        process, log = fleet.start(host, name.replace("-", "_"), env)
-        await asyncio.to_thread(wait_for_mark, log, " ready (broker ", 90, process)
+        started.append(fleet.start(host, name.replace("-", "_"), env))
+    await asyncio.gather(
+        *(asyncio.to_thread(wait_for_mark, log, " ready (broker ", 90, process) for process, log in started)
+    )
     return hosts
 
 
@@ -121,8 +124,11 @@ async def test_a_job_submitted_from_another_host_completes_with_a_fetchers_link_
         node = brokers.BrokerNode(
             extra_config=f"listeners.tcp.bridge = {gateway}:{amqp_port}\nloopback_users = none\nheartbeat = 2"
         )
-        await asyncio.to_thread(node.start)
-        pg = await asyncio.to_thread(PgCluster, gateway, f"{net.prefix}.0/24")
+        making_pg = asyncio.create_task(asyncio.to_thread(PgCluster, gateway, f"{net.prefix}.0/24"))
+        try:
+            await asyncio.to_thread(node.start)  # while the PostgreSQL server is made and starts
+        finally:
+            pg = await making_pg
         for site in sandbox.sites.values():
             forwarders.append(await TcpProxy(site.port, host=gateway).start())
         urls = [f"http://{gateway}:{fw.port}/page/{i}" for fw in forwarders for i in range(PAGES)]
