@@ -93,6 +93,7 @@ async def _migrate_version(broker: Broker, version: str) -> int:
     same_name = {
         old.fetch_ready: new.fetch_ready,
         old.parse: new.parse,
+        old.archive: new.archive,
         old.store: new.store,
         old.ledger: new.ledger,
         old.dlq: new.dlq,

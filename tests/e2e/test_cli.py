@@ -57,6 +57,7 @@ COMMANDS = (
     "weight",
     "run",
     "export",
+    "reparse",
     "sandbox",
     "dlq",
     "watch",
