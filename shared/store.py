@@ -29,6 +29,7 @@ method, and every method shares one connection and one transaction discipline
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import hashlib
 import json
@@ -47,7 +48,7 @@ from hutch.models import NO_REQUEST, DeadLetter, Event, Item, JobControl, Page, 
 from hutch.postgres import PgConnection, is_postgres, outage_errors, pg_ddl
 from hutch.settings import redact_url
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 STATES = ("new", "queued", "in_flight", "retrying", "stored", "dead")
 TERMINAL = ("stored", "dead")
 JOB_STATES = ("running", "paused", "cancelled")
@@ -204,6 +205,11 @@ _SCHEMA = [
     ALTER TABLE jobs ADD COLUMN spent REAL NOT NULL DEFAULT 0;
     ALTER TABLE jobs ADD COLUMN reason TEXT;
     """,
+    # version 9: an archived page whose body is a gzip file (a crawl's `sitemap.xml.gz`,
+    # `Page.gzip_body`): its body is kept as those bytes, and `gzip` says so.
+    """
+    ALTER TABLE pages ADD COLUMN gzip INTEGER NOT NULL DEFAULT 0;
+    """,
 ]
 # What a job's proxied requests cost so far, from its attempts (`cost_summary`'s rule: those
 # that went out through a proxy); the starting point of `jobs.spent` when a budget is set.
@@ -262,6 +268,20 @@ class ArchivedPage:
     fetched_at: float
     text: str
     message: str | None  # the task's latest message (JSON), None for a task recorded without it
+    gzip_body: str | None = None  # a gzip file's bytes, base64 (`Page.gzip_body`); `text` is then empty
+
+
+def _archived(row: Any) -> ArchivedPage:
+    """A row of `Store.archived_batch`'s query as the page it was: its body as text, or a gzip
+    file's bytes as base64 (`Page.gzip_body`) with no text."""
+    raw = zlib.decompress(bytes(row[5]))
+    gzipped = bool(row[9])
+    return ArchivedPage(
+        task_id=str(row[0]), url=str(row[7]), domain=str(row[8]), final_url=str(row[1]), status=int(row[2]),
+        content_type=row[3], fetched_at=float(row[4]), message=row[6],
+        text="" if gzipped else raw.decode("utf-8", "surrogatepass"),
+        gzip_body=base64.b64encode(raw).decode("ascii") if gzipped else None,
+    )
 
 
 @dataclass(frozen=True)
@@ -756,7 +776,8 @@ class Store:
 
         The same page offered again (its item redelivered) admits nothing new and counts
         nothing twice; it returns the children still `new`, which were recorded but whose
-        publish was not confirmed before the storer stopped.
+        publish was not confirmed before the storer stopped. The page offering other links
+        than before (a reparse with other `follow:` rules) records and counts them anew.
         """
         job = parent.job
         with self._tx():
@@ -769,13 +790,7 @@ class Store:
                 "UPDATE crawls SET admitted = admitted WHERE job = ? RETURNING admitted", (job,)
             ).fetchone()
             walk = _Admission(admitted=int(row[0]))
-            first = (
-                self.db.execute(
-                    "INSERT INTO page_links (task_id, job, links) VALUES (?, ?, ?) ON CONFLICT (task_id) DO NOTHING",
-                    (parent.id, job, json.dumps(links)),
-                ).rowcount
-                == 1
-            )
+            first = self._record_links(parent, links)
             found = self.db.execute("SELECT depth FROM tasks WHERE id = ?", (parent.id,)).fetchone()
             depth = int(found[0]) if found is not None and found[0] is not None else 0
             offers: list[tuple[int, list[Link], bool]] = [(depth + 1, links, first)]
@@ -800,6 +815,23 @@ class Store:
                 (c["discovered"], walk.admitted, c["duplicates"], c["over_depth"], c["over_pages"], walk.reached, job),
             )
         return list(walk.publish.values())
+
+    def _record_links(self, parent: Task, links: list[Link]) -> bool:
+        """Record the links `parent`'s page offered; False when the same ones are recorded
+        already (the item redelivered). Links that differ (the page re-parsed with other
+        `follow:` rules, or fetched again with other content) replace the old ones, so a
+        page found closer later re-offers what its page offers now."""
+        encoded = json.dumps(links)
+        held = self.db.execute("SELECT links FROM page_links WHERE task_id = ?", (parent.id,)).fetchone()
+        if held is None:
+            self.db.execute(
+                "INSERT INTO page_links (task_id, job, links) VALUES (?, ?, ?)", (parent.id, parent.job, encoded)
+            )
+            return True
+        if held[0] == encoded:
+            return False
+        self.db.execute("UPDATE page_links SET links = ? WHERE task_id = ?", (encoded, parent.id))
+        return True
 
     def _closer(
         self, offered: list[Link], known: dict[str, int], at: int, walk: _Admission | None
@@ -880,8 +912,10 @@ class Store:
     # -- the page archive ------------------------------------------------------------------
 
     def archive_page(self, page: Page, level: int = ARCHIVE_LEVEL) -> None:
-        """Keep the page's body (once per content, compressed) as the task's latest page."""
-        raw = page.text.encode("utf-8", "surrogatepass")
+        """Keep the page's body (once per content, compressed) as the task's latest page: its
+        text, or for a gzip file (`Page.gzip_body`) the file's bytes."""
+        gzipped = page.gzip_body is not None
+        raw = base64.b64decode(page.gzip_body or "") if gzipped else page.text.encode("utf-8", "surrogatepass")
         digest = hashlib.sha256(raw).hexdigest()
         now = time.time()
         task = page.task
@@ -894,11 +928,12 @@ class Store:
                     (digest, len(raw), zlib.compress(raw, level), now),
                 )
             self.db.execute(
-                "INSERT INTO pages (task_id, job, final_url, status, content_type, hash, fetched_at) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (task_id) DO UPDATE SET final_url = excluded.final_url, "
+                "INSERT INTO pages (task_id, job, final_url, status, content_type, hash, fetched_at, gzip) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (task_id) DO UPDATE SET final_url = excluded.final_url, "
                 "status = excluded.status, content_type = excluded.content_type, hash = excluded.hash, "
-                "fetched_at = excluded.fetched_at WHERE excluded.fetched_at >= pages.fetched_at",
-                (task.id, task.job, page.final_url, page.status, page.content_type, digest, page.fetched_at),
+                "fetched_at = excluded.fetched_at, gzip = excluded.gzip WHERE excluded.fetched_at >= pages.fetched_at",
+                (task.id, task.job, page.final_url, page.status, page.content_type, digest, page.fetched_at,
+                 int(gzipped)),
             )
             if before is not None and before[0] != digest:
                 # Whichever body lost (the page's older one, or this one from a late copy of an
@@ -914,18 +949,11 @@ class Store:
         order, each with its task's latest message: the whole job a batch at a time."""
         rows = self.db.execute(
             "SELECT p.task_id, p.final_url, p.status, p.content_type, p.fetched_at, b.body, t.message, t.url, "
-            "t.domain FROM pages p JOIN bodies b ON b.hash = p.hash JOIN tasks t ON t.id = p.task_id "
+            "t.domain, p.gzip FROM pages p JOIN bodies b ON b.hash = p.hash JOIN tasks t ON t.id = p.task_id "
             "WHERE p.job = ? AND p.task_id > ? ORDER BY p.task_id LIMIT ?",
             (job, after, limit),
         ).fetchall()
-        return [
-            ArchivedPage(
-                task_id=str(row[0]), url=str(row[7]), domain=str(row[8]), final_url=str(row[1]), status=int(row[2]),
-                content_type=row[3], fetched_at=float(row[4]), message=row[6],
-                text=zlib.decompress(bytes(row[5])).decode("utf-8", "surrogatepass"),
-            )
-            for row in rows
-        ]
+        return [_archived(row) for row in rows]
 
     def archive_counts(self, job: str) -> tuple[int, int]:
         """(pages archived, distinct bodies) of `job`."""

@@ -57,6 +57,7 @@ def page_of(archived: ArchivedPage, job: str, spec: Spec) -> Page:
         content_type=archived.content_type,
         text=archived.text,
         fetched_at=archived.fetched_at,
+        gzip_body=archived.gzip_body,
     )
 
 

@@ -10,6 +10,7 @@ shows no request at all after the first run. A crawl reparsed with `--follow` an
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import sys
 from collections.abc import AsyncIterator
@@ -129,3 +130,40 @@ async def test_reparse_with_follow_and_a_deeper_max_depth_fetches_only_the_pages
     again = [r.path for r in sandbox.log[mark:] if r.path in fetched]
     assert again == [], again  # the pages of the first run come from the archive
     assert len([r for r in sandbox.log[mark:] if r.path.startswith("/crawl")]) == deeper.total - first.total
+
+
+async def test_reparse_with_follow_reads_an_archived_gzipped_sitemap_with_the_new_rules(
+    settings: Settings, sandbox: Sandbox, services: Services, tmp_path: Path
+) -> None:
+    """A crawl from `items.xml.gz` (a gzip file, kept as its bytes) follows only the items of
+    category 2; reparsed with `--follow` and a rule for every item, the archived sitemap is
+    inflated and read again, and only the two items the old rule left out are fetched."""
+    seed = f"{sandbox.sites['north'].base_url}/sitemaps/items.xml.gz"
+    spec = parse_spec(
+        {"fields": {"title": "css:title::text"}, "archive": True, "max_depth": 1,
+         "follow": [{"links": "css:a::attr(href)", "allow": ["/crawl/item/2-"]}]}
+    )  # fmt: skip
+    await submit_urls(settings, "from-gzip", [seed], spec)
+    first = await services.wait_done("from-gzip", timeout=120)
+    assert first.stored == 2 and first.total == 2  # the sitemap and /crawl/item/2-5
+    mark = len(sandbox.log)
+
+    spec_file = tmp_path / "every-item.yaml"
+    spec_file.write_text(
+        'fields:\n  title: "css:title::text"\nmax_depth: 1\nfollow:\n'
+        '  - links: "css:a::attr(href)"\n    allow: ["/crawl/item/"]\n'
+    )
+    code, err = await hutch(settings, "reparse", "from-gzip", "--spec", str(spec_file), "--follow")
+    assert code == 0, err
+    after = await services.wait_for("from-gzip", lambda c: c.total == 4 and c.pending == 0, timeout=120)
+    assert after.stored == 4
+    fetched = sorted(r.path for r in sandbox.log[mark:] if r.path != "/robots.txt")
+    assert fetched == ["/crawl/item/1-7", "/crawl/item/3-12"], fetched
+    store = Store(settings.store_location)
+    try:
+        (links,) = store.db.execute(
+            "SELECT l.links FROM page_links l JOIN tasks t ON t.id = l.task_id WHERE t.url = ?", (seed,)
+        ).fetchone()
+    finally:
+        store.close()
+    assert len(json.loads(links)) == 3  # the sitemap's page now records what the new rule keeps

@@ -137,6 +137,26 @@ def test_a_page_found_closer_later_has_its_links_followed_from_there(store: Stor
     assert crawl(store, late, links("b"), limits) == []  # and only once
 
 
+def test_a_page_reparsed_with_other_links_records_them_and_a_closer_find_reoffers_those(store: Store) -> None:
+    """A reparse with a new `follow:` rule offers page a's links again, now with d: d is
+    admitted and counted, and a's recorded links are the new ones, so when a is later found
+    closer, d (not only the old b) is offered one step further."""
+    (root,) = seed(store, "")
+    limits = CrawlLimits(None, 100)
+    assert crawl(store, root, links("x"), limits) == [url("x")]
+    assert crawl(store, task_of(store, "x"), links("a"), limits) == [url("a")]
+    a = task_of(store, "a")  # depth 2
+    assert crawl(store, a, links("b"), limits) == [url("b")]
+    discovered = store.crawl_counts(JOB)["discovered"]  # type: ignore[index]
+    assert crawl(store, a, links("b", "d"), limits) == [url("d")]  # the reparse's rules find d too
+    assert store.crawl_counts(JOB)["discovered"] == discovered + 2  # type: ignore[index]
+    assert (depth_of(store, "b"), depth_of(store, "d")) == (3, 3)
+    seed(store, "late")
+    late = task_of(store, "late")
+    assert crawl(store, late, links("a"), limits) == []
+    assert (depth_of(store, "a"), depth_of(store, "b"), depth_of(store, "d")) == (1, 2, 2)
+
+
 def test_a_submitted_url_found_on_a_page_stays_at_depth_0(store: Store) -> None:
     root, other = seed(store, "", "other")
     assert crawl(store, root, links("other", "a"), CrawlLimits(None, 100)) == [url("a")]

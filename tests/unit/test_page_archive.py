@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import gzip
 from collections.abc import Iterator
 
 import pytest
@@ -42,6 +44,21 @@ def test_bodies_are_kept_once_per_content_and_read_back_whole(store: Store) -> N
     found = store.archived_batch(JOB, "", 10)
     texts = [(p.task_id, p.text) for p in found]
     assert texts == [("t001", same), ("t002", same), ("t003", "<title>é ünïcode \U0001f600</title>")]
+
+
+def test_a_gzip_file_is_kept_as_its_bytes_and_read_back_as_the_page_carried_it(store: Store) -> None:
+    """A crawl's `sitemap.xml.gz` reaches the storer as `gzip_body` with no text: the archive
+    keeps those bytes, and a reparse's page carries them again for the parser to inflate."""
+    sitemap = b'<?xml version="1.0"?><urlset><url><loc>http://site.test/1</loc></url></urlset>'
+    encoded = base64.b64encode(gzip.compress(sitemap)).decode("ascii")
+    gz = page(1, "").model_copy(update={"gzip_body": encoded, "content_type": "application/gzip"})
+    record(store, gz, page(2, "<title>2</title>"))
+    first, second = store.archived_batch(JOB, "", 10)
+    assert (first.text, first.gzip_body) == ("", encoded)
+    assert gzip.decompress(base64.b64decode(first.gzip_body or "")) == sitemap
+    assert (second.text, second.gzip_body) == ("<title>2</title>", None)
+    again = page_of(first, JOB, parse_spec({"fields": {"t": "css:title::text"}}))
+    assert again.gzip_body == encoded and again.text == ""
 
 
 def test_the_archive_is_read_a_batch_at_a_time_in_task_order(store: Store) -> None:
