@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test unit integration e2e chaos lint broker postgres tools bench bench-speed bench-floor bench-speed-memory bench-governor bench-frontier bench-proxy bench-submit bench-store bench-parse clean help
+.PHONY: demo test unit integration e2e chaos lint broker postgres tools bench bench-speed bench-floor bench-speed-memory bench-governor bench-frontier bench-proxy bench-submit bench-store bench-parse bench-crawl clean help
 
 help:
 	@echo "make demo   - set up, make sure RabbitMQ is reachable, run the sample job against the sandbox"
@@ -76,7 +76,7 @@ lint: $(STAMP)
 	cd build/typecheck && ../../$(VENV)/bin/mypy -p hutch -p hutch_sandbox --config-file ../../pyproject.toml
 
 # Benchmarks print their figures; docs/benchmarks.md records them with their configs.
-bench: bench-speed bench-floor bench-governor bench-frontier bench-proxy bench-submit bench-store bench-parse
+bench: bench-speed bench-floor bench-governor bench-frontier bench-proxy bench-submit bench-store bench-parse bench-crawl
 
 # Hutch against a bare asyncio loop, on a RabbitMQ node of its own; figures in docs/benchmarks.md.
 bench-speed: $(STAMP)
@@ -110,6 +110,10 @@ bench-store: broker
 
 bench-parse: $(STAMP)
 	$(PY) bench/parse_workers.py
+
+# A crawl against a URL list of the same pages, on a RabbitMQ node of its own.
+bench-crawl: $(STAMP)
+	$(PY) bench/crawl_vs_list.py
 
 # On a RabbitMQ node of its own (and PostgreSQL on 127.0.0.1:5432); figures in docs/frontier-alternatives.md.
 .PHONY: bench-frontier-models

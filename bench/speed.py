@@ -212,15 +212,28 @@ async def run_bare(shape: Shape, box: Sites, work: Path) -> Run:
     )
 
 
-async def run_hutch(shape: Shape, box: Sites, url: str, node_pid: int | None, work: Path) -> Run:
+async def run_hutch(
+    shape: Shape,
+    box: Sites,
+    url: str,
+    node_pid: int | None,
+    work: Path,
+    seeds: list[str] | None = None,
+    spec_yaml: str = SPEC_YAML,
+    expect: int | None = None,
+) -> Run:
+    """One job on the five services: every page of the sites submitted (or only `seeds`, for
+    a crawl whose spec finds the rest), until `expect` URLs (default: the shape's pages) are
+    finished."""
     rate = NO_LIMIT if shape.rate is None else shape.rate
     settings = Settings(amqp_url=url, namespace="bench", data_dir=work / "data", rate=rate)
     env = child_env(settings, HUTCH_ALLOWED_TARGETS=",".join(box.allowed_targets()))
-    (work / "urls.txt").write_text("\n".join(box.urls()) + "\n")
-    (work / "spec.yaml").write_text(SPEC_YAML)
+    (work / "urls.txt").write_text("\n".join(box.urls() if seeds is None else seeds) + "\n")
+    (work / "spec.yaml").write_text(spec_yaml)
+    pages = shape.pages if expect is None else expect
     log = (work / "services.log").open("w")
     supervisor = Supervisor(env, fetchers=shape.fetchers, out=log, grace=5.0)
-    limit = max(JOB_LIMIT, shape.pages / 25)
+    limit = max(JOB_LIMIT, pages / 25)
     await supervisor.start()
     job = "speed"
     try:
@@ -244,23 +257,23 @@ async def run_hutch(shape: Shape, box: Sites, url: str, node_pid: int | None, wo
                 if status != 0:
                     raise SystemExit(f"hutch submit failed:\n{output}")
             finished, stored, last = await asyncio.to_thread(finished_counts, settings.store_location, job)
-            if not rss_at_20 and finished >= shape.pages // 5:
+            if not rss_at_20 and finished >= pages // 5:
                 rss_at_20 = {label: rss_kib(pid) for label, pid in pids.items() if label != "broker"}
-            if finished >= shape.pages and submit_cpu is not None:
+            if finished >= pages and submit_cpu is not None:
                 break
         after = {label: tree_cpu(pid) for label, pid in pids.items()}
         rss = {label: (rss_at_20.get(label, 0), rss_kib(pid)) for label, pid in pids.items() if label != "broker"}
     finally:
         await supervisor.stop()
         log.close()
-    if finished < shape.pages:
-        print(f"    unfinished after {limit:.0f}s: {finished}/{shape.pages}; see {work}", flush=True)
+    if finished < pages:
+        print(f"    unfinished after {limit:.0f}s: {finished}/{pages}; see {work}", flush=True)
     cpu = {label: after[label] - before[label] for label in pids}
     cpu["submit"] = submit_cpu or 0.0
     worst = box.worst_host_second()
     seconds = (last or time.time()) - started
     return Run(
-        pages=shape.pages,
+        pages=pages,
         finished=finished,
         stored=stored,
         seconds=seconds,
@@ -386,7 +399,7 @@ def report(shape: Shape, runs: list[Run]) -> dict[str, object]:
     limit_sum = None if shape.rate is None else shape.rate * len(shape.sites)
     line = f"{shape.name}: {statistics.median(rates):.1f} pages/s (runs: {', '.join(f'{x:.1f}' for x in rates)})"
     print(line)
-    print(f"    finished {min(r.finished for r in runs)}-{max(r.finished for r in runs)} of {shape.pages}, "
+    print(f"    finished {min(r.finished for r in runs)}-{max(r.finished for r in runs)} of {runs[0].pages}, "
           f"stored {min(r.stored for r in runs)}-{max(r.stored for r in runs)}")
     if limit_sum is not None:
         ratios = [r.rate / limit_sum for r in runs]
