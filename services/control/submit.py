@@ -26,6 +26,8 @@ from hutch.topology import INTAKE_KEY
 from hutch.urls import DEFAULT_MAX_URL_BYTES, InvalidURL, check_url
 
 BATCH = 500
+FIRST_BATCH = 32
+LEAD_WINDOW = 5000  # URLs over which each domain's first one goes ahead (`submissions`)
 # A job name becomes a file name (`<data dir>/<job>.jsonl`): no separator, no `..`, no control.
 JOB_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,99}")
 
@@ -125,17 +127,37 @@ def submissions(
     max_url_bytes: int = DEFAULT_MAX_URL_BYTES,
 ) -> Iterator[Submission]:
     """`urls` as intake messages of up to `MAX_SUBMISSION_URLS` URLs, each URL checked (an
-    invalid one raises InvalidURL) and normalised. A URL repeated within a message goes once;
-    repeats across messages are the storer's to drop (a task id per job and URL), so memory
-    stays one message's whatever the file's length."""
-    batch: dict[str, None] = {}
+    invalid one raises InvalidURL) and normalised.
+
+    They are taken `LEAD_WINDOW` at a time, and in each window the first URL of every domain
+    goes ahead of the others, which follow in the file's order. The storer records and
+    publishes the URLs in the order they come, so in a file sorted by site the last site's
+    first fetch (and its robots.txt before it) would otherwise wait for every URL above it to
+    be recorded. A URL repeated within a window goes once; repeats across windows are the
+    storer's to drop (a task id per job and URL), so memory stays one window's whatever the
+    file's length."""
+    window: dict[str, str] = {}  # normalised URL -> its domain, in the file's order
     for text in urls:
-        batch[check_url(text, max_url_bytes).url] = None
-        if len(batch) >= MAX_SUBMISSION_URLS:
-            yield Submission(job=job, urls=list(batch), spec=spec, tier_floor=tier_floor)
-            batch.clear()
-    if batch:
-        yield Submission(job=job, urls=list(batch), spec=spec, tier_floor=tier_floor)
+        checked = check_url(text, max_url_bytes)
+        window[checked.url] = checked.domain
+        if len(window) >= LEAD_WINDOW:
+            yield from _window_messages(job, window, spec, tier_floor)
+            window.clear()
+    if window:
+        yield from _window_messages(job, window, spec, tier_floor)
+
+
+def _window_messages(
+    job: str, window: dict[str, str], spec: Spec | None, tier_floor: str | None
+) -> Iterator[Submission]:
+    """One window's messages: each domain's first URL, then the others, in the file's order."""
+    leaders: dict[str, str] = {}  # domain -> its first URL
+    for url, domain in window.items():
+        leaders.setdefault(domain, url)
+    first = set(leaders.values())
+    ordered = [*leaders.values(), *(url for url in window if url not in first)]
+    for start in range(0, len(ordered), MAX_SUBMISSION_URLS):
+        yield Submission(job=job, urls=ordered[start : start + MAX_SUBMISSION_URLS], spec=spec, tier_floor=tier_floor)
 
 
 async def send(
@@ -208,7 +230,9 @@ async def submit(
         tid = crawl_task_id(job, url) if crawl else task_id(job, url)
         if tid not in batch:
             batch[tid] = Task(id=tid, job=job, url=url, domain=checked.domain, spec=spec, tier_floor=tier_floor)
-        if len(batch) >= BATCH:
+        # The first batch is small, so the first tasks (each domain's first, `submissions`)
+        # are out while the rest are recorded.
+        if len(batch) >= (BATCH if result.published or result.already else FIRST_BATCH):
             await flush()
     if batch:
         await flush()

@@ -10,12 +10,14 @@ from pathlib import Path
 
 import pytest
 
+from hutch.services.control import submit as submit_module
 from hutch.services.control.submit import (
     JobNameError,
     UrlFileError,
     check_job_name,
     check_urls,
     default_job_name,
+    submissions,
     valid_urls,
 )
 
@@ -167,3 +169,25 @@ def test_the_refusal_escapes_the_name() -> None:
 def test_the_default_job_name_from_a_file_name_is_always_valid(file: str, job: str) -> None:
     assert default_job_name(Path(file)) == job
     check_job_name(job)
+
+
+def test_each_domains_first_url_goes_ahead_within_a_window_and_repeats_go_once() -> None:
+    """A file sorted by site: every site's first URL leads its window, so each site's first
+    fetch starts while the rest are recorded; the others keep the file's order."""
+    urls = [f"http://site{s}.test/{n}" for s in range(3) for n in range(4)] + ["http://site0.test/0"]
+    (message,) = submissions("job", urls, None)
+    assert message.urls[:3] == ["http://site0.test/0", "http://site1.test/0", "http://site2.test/0"]
+    assert message.urls[3:] == [u for u in urls[:-1] if not u.endswith("/0")]
+
+
+def test_windows_and_messages_keep_their_bounds(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(submit_module, "LEAD_WINDOW", 6)
+    monkeypatch.setattr(submit_module, "MAX_SUBMISSION_URLS", 4)
+    urls = [f"http://a.test/{n}" for n in range(5)] + [f"http://b.test/{n}" for n in range(5)]
+    messages = [m.urls for m in submissions("job", urls, None)]
+    # Window 1: a/0..a/4, b/0 -> b/0 leads; window 2: b/1..b/4.
+    assert messages == [
+        ["http://a.test/0", "http://b.test/0", "http://a.test/1", "http://a.test/2"],
+        ["http://a.test/3", "http://a.test/4"],
+        ["http://b.test/1", "http://b.test/2", "http://b.test/3", "http://b.test/4"],
+    ]
