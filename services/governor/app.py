@@ -97,6 +97,7 @@ from hutch.services.governor.lines import (
     Held,
     JobLine,
     JobState,
+    back_by,
     let_go,
     park_delay,
 )
@@ -585,9 +586,7 @@ class Governor(Service):
     async def _park(self, task: Task, line: DomainLine, job: JobLine, delay: float) -> None:
         topology = self.broker.topology
         tier = self._tier_at_most(delay)
-        # The second it is back by, not the one it comes back in: counted from the start of
-        # that second, a return looked up to 1 s early to `supply`, and the domain idled.
-        back = math.ceil(time.time() + tier)
+        back = back_by(time.time(), tier)
         job.returns[back] = job.returns.get(back, 0) + 1  # before the await: the next park counts it
         try:
             await self.broker.publish(

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -53,6 +54,13 @@ def park_delay(
         share *= PACE_MARGIN * pace / rate
         return max(min(jl.supply(now, share), longest), blocked_until - now)
     return max(jl.supply(now, max(share, 1e-6)), blocked_until - now)
+
+
+def back_by(now: float, tier: float) -> int:
+    """The whole second a task parked at `now` in `tier` is back by (`JobLine.returns`).
+    Rounded up: `supply` counts a return from the start of its second, so a task parked at
+    12.9 s in the 10 s tier counted as back at 22 s made a domain idle until 22.9 s."""
+    return math.ceil(now + tier)
 
 
 def let_go(held: Held, action: Action, value: Any = None) -> None:

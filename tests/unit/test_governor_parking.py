@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hutch.services.governor.lines import PACED_PARK_MAX, PARK_BUDGET, DomainLine, JobLine, park_delay
+from hutch.services.governor.lines import PACED_PARK_MAX, PARK_BUDGET, DomainLine, JobLine, back_by, park_delay
 
 NOW = 1_000.0
 
@@ -46,6 +46,16 @@ def test_a_task_that_comes_back_is_no_longer_counted_as_to_come() -> None:
     jl.came_back(int(NOW) + 5)  # one parked by an earlier governor: nothing to take back
     jl.came_back(int(NOW) + 9)
     assert jl.returns == {}
+
+
+def test_a_parked_task_counts_as_back_only_from_the_second_it_is_surely_back_by() -> None:
+    """Parked at 12.9 s into the 10 s tier, a task is back at 22.9 s. At 22.0 s the 5 held of
+    a job at 10/s last 0.5 s, so the gap before it comes is seen, and a task parked then is
+    sent to come back within 0.5 s; counted from 22 s, the supply looked 10.5 s long."""
+    back = back_by(NOW + 12.9, 10.0)
+    assert back == int(NOW) + 23
+    assert line(held=5, returns={back: 100}).supply(NOW + 22.0, share=10.0) == 0.5
+    assert line(held=50, returns={back: 100}).supply(NOW + 18.0, share=10.0) == 15.0  # in time: counted
 
 
 def busy_domain(since: float, releases: dict[int, int]) -> DomainLine:
