@@ -243,6 +243,19 @@ def is_outage(exc: BaseException) -> bool:
     return type(exc) is sqlite3.DatabaseError
 
 
+def is_conflict(exc: BaseException) -> bool:
+    """A PostgreSQL deadlock or serialization failure: the server rolled the transaction back
+    to let another one through, and running it again is the cure it asks for."""
+    if "psycopg" not in sys.modules:
+        return False
+    from psycopg import errors
+
+    return isinstance(exc, (errors.DeadlockDetected, errors.SerializationFailure))
+
+
+CONFLICT_TRIES = 5  # runs of a write that another transaction's locks keep rolling back
+
+
 # A crawl's counts, as `hutch status` shows them: links the pages offered, tasks the job has
 # (its submitted URLs included), links already admitted, links past max_depth or max_pages, and
 # the deepest depth admitted.
@@ -1348,6 +1361,20 @@ class AsyncStore:
         store = self._store
         assert store is not None, "open() first"
         return await self._run_raw(lambda: fn(store))
+
+    async def run_again_on_conflict(self, fn: Callable[[Store], T]) -> T:
+        """`run` for a write that may be run again: a PostgreSQL deadlock or serialization
+        failure (`is_conflict`) runs it again, up to `CONFLICT_TRIES` times, a moment apart.
+        A process that writes beside the storer (`hutch run` submitting while items are
+        stored) locks task rows in another order than the storer's group commits."""
+        for attempt in range(1, CONFLICT_TRIES + 1):
+            try:
+                return await self.run(fn)
+            except Exception as exc:
+                if attempt == CONFLICT_TRIES or not is_conflict(exc):
+                    raise
+                await asyncio.sleep(0.05 * attempt)
+        raise AssertionError("unreachable")
 
     async def close(self) -> None:
         if self._store is not None:

@@ -211,12 +211,13 @@ async def submit(
     async def flush() -> None:
         rows = [(t.id, t.job, t.url, t.domain) for t in batch.values()]
         messages = {t.id: t.model_dump_json(exclude_none=True) for t in batch.values()}  # for the reconciler
-        waiting = await store.run(lambda s: s.add_tasks(rows, messages))
+        # Both writes may be run again: the tasks are recorded once, and only `new` ones marked.
+        waiting = await store.run_again_on_conflict(lambda s: s.add_tasks(rows, messages))
         topology = broker.topology
         await asyncio.gather(
             *(broker.publish(topology.frontier, topology.shard_key(batch[i].domain), batch[i]) for i in waiting)
         )
-        await store.run(lambda s: s.mark_queued(waiting))
+        await store.run_again_on_conflict(lambda s: s.mark_queued(waiting))
         result.published += len(waiting)
         result.already += len(batch) - len(waiting)
         if progress is not None:
