@@ -28,8 +28,11 @@ broker: $(STAMP)
 demo: broker
 	$(PY) -m hutch.services.control.demo
 
+# Two pytest-xdist workers: the suite mostly waits on services, brokers and sites, so two
+# halves side by side take about half the time on two cores. A module runs whole on one
+# worker, and tests/chaos (its own RabbitMQ node) all on one (tests/conftest.py).
 test: broker postgres tools
-	$(PY) -m pytest -q -ra --durations=25
+	$(PY) -m pytest -q -ra --durations=25 -n 2 --dist loadfile
 
 # The PostgreSQL store's tests use the machine's server on 127.0.0.1:5432 (a database of
 # their own, dropped after); started here where it is installed but stopped.

@@ -29,6 +29,24 @@ DEFAULT_URL = "amqp://guest:guest@127.0.0.1:5672/"
 OWN_VHOST = pytest.StashKey[bool]()
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """With pytest-xdist's `--dist loadfile` (`make test`): each test module runs whole on one
+    worker, as there (its module fixtures are made once), and tests/chaos all on one worker, one
+    module after another: their RabbitMQ node is started once for the package, and no two of
+    them break brokers at the same time. Other modes are xdist's own."""
+    if config.getoption("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class ChaosTogether(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = super()._split_scope(nodeid)
+            return "tests/chaos" if module.startswith("tests/chaos/") else module
+
+    return ChaosTogether(config, log)  # type: ignore[arg-type]
+
+
 def _reachable(url: str) -> bool:
     parts = urlsplit(url)
     try:
