@@ -34,10 +34,15 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
     """With pytest-xdist's `--dist loadfile` (`make test`): each test module runs whole on one
     worker, as there (its module fixtures are made once), and tests/chaos all on one worker, one
     module after another: their RabbitMQ node is started once for the package, and no two of
-    them break brokers at the same time. Other modes are xdist's own."""
+    them break brokers at the same time. Modules are handed out in collection order, chaos and
+    e2e (the long ones) first and the many short unit modules last, to even out the workers'
+    ends; xdist's default order (most tests first) left the longest e2e modules, which have
+    few tests, to the end on one worker while the other idled. Other modes are xdist's own."""
     if config.getoption("dist") != "loadfile":
         return None
     from xdist.scheduler import LoadFileScheduling
+
+    config.option.loadscopereorder = False
 
     class ChaosTogether(LoadFileScheduling):
         def _split_scope(self, nodeid: str) -> str:
