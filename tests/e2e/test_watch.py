@@ -114,7 +114,9 @@ async def test_a_domain_that_dead_letters_everything_is_flagged(
     settings: Settings, sandbox: Sandbox, metrics_ports: dict[str, int]
 ) -> None:
     steady, other = sandbox.sites["steady"].base_url, sandbox.sites["other"].base_url
-    async with running_services(settings, sandbox, {}) as services:
+    # The other site's 404s at 3 a second: they go on dying through the watch's window, however
+    # quick the rest (at full speed all 20 could be dead before the window opens).
+    async with running_services(settings, sandbox, {"HUTCH_RATE_FOR": f"{domain(sandbox, 'other')}=3/s"}) as services:
         await submit_urls(settings, "dying", [f"{steady}/page/{n}" for n in range(20)]
                           + [f"{other}/status/404?n={n}" for n in range(20)])
         await services.wait_for("dying", lambda c: c.dead >= 2, timeout=60)
