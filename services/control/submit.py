@@ -26,7 +26,7 @@ from hutch.topology import INTAKE_KEY
 from hutch.urls import DEFAULT_MAX_URL_BYTES, InvalidURL, check_url
 
 BATCH = 500
-FIRST_BATCH = 32
+FIRST_BATCH = 32  # tasks recorded and published first (`submit`), so the first fetches start early
 LEAD_WINDOW = 5000  # URLs over which each domain's first one goes ahead (`submissions`)
 # A job name becomes a file name (`<data dir>/<job>.jsonl`): no separator, no `..`, no control.
 JOB_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,99}")
@@ -154,8 +154,7 @@ def _window_messages(
     leaders: dict[str, str] = {}  # domain -> its first URL
     for url, domain in window.items():
         leaders.setdefault(domain, url)
-    first = set(leaders.values())
-    ordered = [*leaders.values(), *(url for url in window if url not in first)]
+    ordered = [*leaders.values(), *(url for url, domain in window.items() if leaders[domain] != url)]
     for start in range(0, len(ordered), MAX_SUBMISSION_URLS):
         yield Submission(job=job, urls=ordered[start : start + MAX_SUBMISSION_URLS], spec=spec, tier_floor=tier_floor)
 
