@@ -100,6 +100,7 @@ async def _migrate_version(broker: Broker, version: str) -> int:
         old.events_storer: new.events_storer,
         old.events_proxy: new.events_proxy,
         old.rpc_proxy: new.rpc_proxy,
+        old.rpc_stored: new.rpc_stored,
     }
     moved = 0
     # Tiers first: they dead-letter into the old domain queues, which are emptied next.

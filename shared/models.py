@@ -152,6 +152,7 @@ NO_REQUEST = (
     "no_lease",
     "no_proxy",
     "never_sent",
+    "stored_already",
 )
 MAX_BUDGET = 1e12  # a job's proxy budget, in the pool's cost units
 
@@ -511,6 +512,19 @@ class LeaseRequest(Model):
     attempt: int = 0
     exclude: list[str] = Field(default_factory=list)
     tier_floor: str | None = None
+
+
+class StoredQuery(Model):
+    """Asked of the storer before a task a fetcher once died holding is fetched again: the
+    fetch it died in may have gone on to be parsed and stored (done, but never acked)."""
+
+    v: Literal[1] = 1
+    task_id: str
+
+
+class StoredAnswer(Model):
+    v: Literal[1] = 1
+    stored: bool
 
 
 class Lease(Model):

@@ -36,6 +36,8 @@ Shape (see the design card):
   exclusive queue: their state is in memory and rebuilt on start).
 - `rpc.proxy`: the proxy-manager's lease requests; each caller names its own exclusive reply
   queue (`rpc.reply.<service>.<id>`) and matches answers by correlation id.
+- `rpc.stored`: the storers' answers to "is this task stored?", asked by a fetcher before it
+  fetches again a task a fetcher died holding.
 - Routing keys: every one is named below (`FETCH_KEY`, `RELEASED`, `outcome_key`...), and
   each governor's own event queue is `governor_events`.
 """
@@ -190,6 +192,7 @@ class Topology:
         self.events_storer = p + "events.storer"
         self.events_proxy = p + "events.proxy-manager"
         self.rpc_proxy = p + "rpc.proxy"
+        self.rpc_stored = p + "rpc.stored"
         self.paused = p + "frontier.paused"
         self.jobs = p + "jobs"
         self.released_log = p + "released.log"
@@ -335,6 +338,8 @@ class Topology:
             # One proxy-manager answers at a time (its caps and bans are in its memory); a
             # second one waits as standby and takes over when the first goes away.
             QueueSpec(self.rpc_proxy, {**work, "x-single-active-consumer": True}),
+            # Any storer answers: the store is shared.
+            QueueSpec(self.rpc_stored, work),
             # Tasks of paused jobs, every job in one queue: no consumer until a job resumes
             # or is cancelled, then the governors sort it through once.
             QueueSpec(self.paused, work),

@@ -34,7 +34,18 @@ import httpx
 from aio_pika.exceptions import AMQPError
 
 from hutch.amqp import Delivery, PublishFailed, RpcClient
-from hutch.models import Attempt, Event, FetcherHeartbeat, Lease, LeaseRequest, Page, RobotsFetched, Task
+from hutch.models import (
+    Attempt,
+    Event,
+    FetcherHeartbeat,
+    Lease,
+    LeaseRequest,
+    Page,
+    RobotsFetched,
+    StoredAnswer,
+    StoredQuery,
+    Task,
+)
 from hutch.request_options import request_headers
 from hutch.service import Service
 from hutch.services.fetcher.charsets import decode_body, page_text
@@ -56,11 +67,14 @@ class LeaseUnavailable(Exception):
 
 class Fetcher(Service):
     name = "fetcher"
+    rpc: RpcClient | None  # the proxy-manager's leases; None: no pool, go direct
+    ask: RpcClient | None  # every other question (`_stored_already`)
 
     async def start(self) -> None:
         self.configure()
         s = self.settings
-        self.rpc: RpcClient | None = await RpcClient(self.broker).start() if s.use_proxy_manager else None
+        self.ask = await RpcClient(self.broker).start()
+        self.rpc = self.ask if s.use_proxy_manager else None
         # Ready before the first permit arrives, since met on the way to a fetch their tens
         # of milliseconds would make it late: the direct client with its TLS context (the
         # configured CA file's, which the warm-up's client does not load) and one request's
@@ -106,6 +120,7 @@ class Fetcher(Service):
         self._direct_until = 0.0  # monotonic time until which no pool is configured, as told
         self.lateness = Lateness()
         self.rpc = None
+        self.ask = None
 
     async def abandon(self) -> int:
         """Past the shutdown grace: cancel the fetches still running. Their handlers give the
@@ -219,12 +234,39 @@ class Fetcher(Service):
                     raise LeaseUnavailable("proxy-manager did not answer") from None
                 log.warning("proxy-manager did not answer a lease request; asking again")
 
-    async def _on_task(self, task: Task, message: Delivery) -> None:
+    async def _settled_unfetched(self, task: Task, message: Delivery) -> bool:
+        """Settle without a fetch a task a fetcher died holding (an attempt spent: the page
+        may be what kills fetchers) and one that was stored since; True if it was either.
+        Both come before the permit check: a redelivery may come after its permit expired."""
         if message.crashes:
-            # Before the permit check: a page that kills its fetcher must spend an attempt
-            # even when its redelivery comes after the permit expired.
             detail = f"a fetcher died holding this task ({message.crashes} time(s))"
             await self._outcome(task, Lease(direct=True), FetchResult("crashed", 0.0, detail=detail))
+            return True
+        if await self._stored_already(task):
+            await self._event(task, "stored_already", None)
+            return True
+        return False
+
+    async def _stored_already(self, task: Task) -> bool:
+        """Whether a task a fetcher once died holding is stored by now. Its fetch may have
+        been done, its page published, parsed and stored, and only its ack lost with the
+        fetcher: the storer says so, and the page is not fetched again. No answer in time
+        (no storer running) is a no: fetched again, the page is still stored once. Only asked
+        after a crash, so the fetches that make up a job cost no question."""
+        if self.ask is None or not any(attempt.outcome == "crashed" for attempt in task.history):
+            return False
+        wait = self.settings.rpc_timeout
+        try:
+            answer = await self.ask.call(
+                self.broker.topology.rpc_stored, StoredQuery(task_id=task.id), StoredAnswer, wait
+            )
+        except TimeoutError:
+            log.warning("no storer said whether task %s is stored; fetching it again", task.id)
+            return False
+        return answer.stored
+
+    async def _on_task(self, task: Task, message: Delivery) -> None:
+        if await self._settled_unfetched(task, message):
             return
         if task.permit is None or task.permit.expires <= time.time():
             await self._back_to_frontier(task, "permit_expired")
@@ -425,7 +467,7 @@ class Fetcher(Service):
         self,
         task: Task,
         outcome: str,
-        next_step: str,
+        next_step: str | None,
         *,
         status: int | None = None,
         lease: Lease | None = None,

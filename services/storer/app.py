@@ -32,9 +32,20 @@ import contextlib
 import logging
 import time
 
-from hutch.amqp import Dead, Delivery, PublishFailed, Requeue, queue_depth
+from hutch.amqp import Dead, Delivery, PublishFailed, Requeue, queue_depth, serve_rpc
 from hutch.crawl import crawl_links
-from hutch.models import AnyEvent, DeadLetter, Item, JobControl, Page, Rescued, Submission, Task
+from hutch.models import (
+    AnyEvent,
+    DeadLetter,
+    Item,
+    JobControl,
+    Page,
+    Rescued,
+    StoredAnswer,
+    StoredQuery,
+    Submission,
+    Task,
+)
 from hutch.service import Service
 from hutch.services.control.jobs import append_control
 from hutch.services.control.submit import JobNameError, check_job_name, submit
@@ -99,6 +110,7 @@ class Storer(Service):
         await self.broker.consume(topology.intake, Submission, self._on_submission, stage="intake", prefetch=4)
         # Pages of up to max_body_bytes each: a small prefetch bounds what waits in memory.
         await self.broker.consume(topology.archive, Page, self._on_archived, stage="store", prefetch=ARCHIVE_PREFETCH)
+        await serve_rpc(self.broker, topology.rpc_stored, StoredQuery, self._stored)
         self._reconciler = asyncio.create_task(self._reconcile_every(s.reconcile_interval))
 
     async def stop(self) -> None:
@@ -143,6 +155,18 @@ class Storer(Service):
             *(self.broker.publish(topology.frontier, topology.shard_key(task.domain), task) for task in admitted)
         )
         await self._write(lambda store: store.mark_queued([task.id for task in admitted]))
+
+    async def _stored(self, query: StoredQuery) -> StoredAnswer:
+        """Whether a task is stored, for a fetcher about to fetch it again after a crash. A
+        store that cannot say answers no: fetched again, the page is stored once all the same."""
+        try:
+            state = await self.store.run(lambda store: store.task_state(query.task_id))
+        except Exception as exc:
+            if not is_outage(exc):
+                raise
+            log.warning("store unavailable; task %s taken as not stored: %s", query.task_id, exc)
+            return StoredAnswer(stored=False)
+        return StoredAnswer(stored=state == "stored")
 
     async def _on_archived(self, page: Page, _: Delivery) -> None:
         await self._write(lambda store: store.archive_page(page))

@@ -285,6 +285,53 @@ async def test_a_task_a_fetcher_died_holding_spends_an_attempt_without_being_fet
     assert fetcher.calls == []  # the page that may kill fetchers was not fetched again
 
 
+async def test_a_task_a_fetcher_died_holding_whose_page_was_stored_since_is_not_fetched_again(
+    broker: Broker, fetcher, settings: Settings
+) -> None:  # type: ignore[no-untyped-def]
+    """The fetch a fetcher died in may have gone on to be parsed and stored; only its ack was
+    lost. The storer says so, over RabbitMQ, and the page is not fetched again; a task that
+    crashed and was not stored is fetched as usual."""
+    from hutch.models import Attempt, Event, Item, Permit
+    from hutch.services.storer.app import Storer
+
+    topology = broker.topology
+    events = await (await broker.channel()).declare_queue(exclusive=True)
+    await events.bind(topology.events, "outcome.#")
+    storer = Storer(settings)
+    await storer.connect(wait=False)
+    await storer.start()
+    try:
+
+        def crashed(path: str) -> Task:
+            url = f"http://127.0.0.1:9/{path}"
+            history = [Attempt(n=1, at=time.time(), outcome="crashed", spent=True)]
+            permit = Permit(id=f"gov-a.{path}", issued=time.time(), expires=time.time() + 30)
+            return Task(
+                id=task_id("job", url), job="job", url=url, domain="127.0.0.1:9",
+                attempts=1, history=history, permit=permit,
+            )  # fmt: skip
+
+        stored, unstored = crashed("stored"), crashed("unstored")
+        await storer.store.run(lambda store: store.store_item(Item(task=stored, status=200, fields={}, parsed_at=time.time())))
+        await broker.publish(topology.work, "fetch.ready", stored)
+        await broker.publish(topology.work, "fetch.ready", unstored)
+        seen: dict[str, list[tuple[str, str | None]]] = {}
+        deadline = time.monotonic() + 20
+        while len(seen.get(stored.id, [])) < 1 or len(seen.get(unstored.id, [])) < 1:
+            assert time.monotonic() < deadline, seen
+            message = await events.get(fail=False, no_ack=True)
+            if message is None:
+                await asyncio.sleep(0.05)
+                continue
+            event = decode(message.body, Event)
+            seen.setdefault(event.task_id, []).append((event.outcome, event.next))
+        assert seen[stored.id] == [("stored_already", None)]
+        assert seen[unstored.id][0] == ("error", "retry")  # fetched: this fixture's fetch raises
+        assert fetcher.calls == [unstored.url]
+    finally:
+        await storer.shutdown()
+
+
 async def test_a_permit_that_reaches_the_fetcher_later_than_its_rate_allows_goes_back_unspent_unfetched(
     broker: Broker, fetcher
 ) -> None:  # type: ignore[no-untyped-def]

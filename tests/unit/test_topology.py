@@ -230,6 +230,7 @@ def consumed(topology: Topology) -> list[QueueSpec]:
     names = (
         topology.unrouted, topology.fetch_ready, topology.parse, topology.store, topology.ledger,
         topology.events_storer, topology.events_proxy, topology.rpc_proxy,
+        topology.rpc_stored,
     )  # fmt: skip
     return [topology.queue(name) for name in names] + [topology.domain_queue("example.com")]
 
