@@ -53,7 +53,9 @@ class Settings(BaseSettings):
     )
     queue_type: Literal["classic", "quorum"] = Field("classic", description="classic on one node, quorum on a cluster")
     publish_timeout: float = Field(10.0, description="seconds to wait for a publisher confirm")
-    rpc_timeout: float = Field(5.0, description="seconds to wait for an RPC answer (a proxy lease; whether a crashed task is stored)")
+    rpc_timeout: float = Field(
+        5.0, description="seconds to wait for an RPC answer (a proxy lease; whether a crashed task is stored)"
+    )
     shutdown_grace: float = Field(10.0, description="seconds in-flight work may finish after SIGTERM")
     log_level: str = Field("INFO", description="logging level of every service")
     log_format: Literal["text", "json"] = Field(

@@ -312,7 +312,8 @@ async def test_a_task_a_fetcher_died_holding_whose_page_was_stored_since_is_not_
             )  # fmt: skip
 
         stored, unstored = crashed("stored"), crashed("unstored")
-        await storer.store.run(lambda store: store.store_item(Item(task=stored, status=200, fields={}, parsed_at=time.time())))
+        item = Item(task=stored, status=200, fields={}, parsed_at=time.time())
+        await storer.store.run(lambda store: store.store_item(item))
         await broker.publish(topology.work, "fetch.ready", stored)
         await broker.publish(topology.work, "fetch.ready", unstored)
         seen: dict[str, list[tuple[str, str | None]]] = {}
