@@ -249,6 +249,7 @@ class Governor(Service):
         self._lag = [0.0, 0]  # outcome events: sum of their delays on arrival, and their count
         self._releases: list[Event] = []  # released events not yet published
         self._parks = 0  # tasks parked, and released, since the start (for the log)
+        self._returns = [0, 0]  # tasks back from a park since the start, and those parked again at once
         self._released = 0
         self._sorting: asyncio.Task[None] | None = None
         self._sort_again = False
@@ -616,7 +617,9 @@ class Governor(Service):
         back = message.headers.get(PARKED_HEADER)
         if isinstance(back, int):
             jl.came_back(back)  # counted as still to come no longer
+            self._returns[0] += 1
         if not await self._to_hold(task, line, jl, now):
+            self._returns[1] += isinstance(back, int)
             return
         self.core.activate(domain)
         held = Held(task, message, now, asyncio.get_running_loop().create_future())
@@ -900,6 +903,7 @@ class Governor(Service):
     async def _report(self, every: float = 10.0) -> None:
         """One log line now and then: how fast permits go out and what holds the rest back."""
         last = parks = 0
+        returns = [0, 0]
         while True:
             await asyncio.sleep(every)
             released = self._released  # a forgotten domain takes its own count with it
@@ -907,18 +911,21 @@ class Governor(Service):
             self._lag = [0.0, 0]
             held = sum(line.held_count() for line in self.lines.values())
             slots, _, in_flight = self.core.fleet(time.time())
+            back, again = (now - before for now, before in zip(self._returns, returns, strict=True))
             log.info(
-                "%.0f permits/s; %d domains, %d tasks held, %.0f parked/s; %d in flight of %d; "
-                "outcomes heard %.0f ms after the fact",
+                "%.0f permits/s; %d domains, %d tasks held, %.0f parked/s (%.0f/s back from a park, "
+                "%.0f/s of them parked again at once); %d in flight of %d; outcomes heard %.0f ms after the fact",
                 (released - last) / every,
                 len(self.lines),
                 held,
                 (self._parks - parks) / every,
+                back / every,
+                again / every,
                 in_flight,
                 slots,
                 1000 * lag_sum / lag_n if lag_n else 0.0,
             )
-            last, parks = released, self._parks
+            last, parks, returns = released, self._parks, list(self._returns)
 
     async def _flush_releases_every(self, seconds: float) -> None:
         while True:
