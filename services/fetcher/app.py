@@ -59,6 +59,8 @@ from hutch.topology import ARCHIVE_KEY, HEARTBEAT, PARSE_KEY, outcome_key, robot
 
 log = logging.getLogger(__name__)
 HEARTBEAT_EVERY = 1.0  # seconds
+MIN_STORED_WAIT = 0.005  # seconds: with less to spare, a crashed task is fetched without asking whether it is stored
+LEASE_RESERVE = 0.01  # seconds of a permit's slack kept for the lease after that question
 
 
 class LeaseUnavailable(Exception):
@@ -234,39 +236,52 @@ class Fetcher(Service):
                     raise LeaseUnavailable("proxy-manager did not answer") from None
                 log.warning("proxy-manager did not answer a lease request; asking again")
 
-    async def _settled_unfetched(self, task: Task, message: Delivery) -> bool:
-        """Settle without a fetch a task a fetcher died holding (an attempt spent: the page
-        may be what kills fetchers) and one that was stored since; True if it was either.
-        Both come before the permit check: a redelivery may come after its permit expired."""
-        if message.crashes:
-            detail = f"a fetcher died holding this task ({message.crashes} time(s))"
-            await self._outcome(task, Lease(direct=True), FetchResult("crashed", 0.0, detail=detail))
-            return True
-        if await self._stored_already(task):
-            await self._event(task, "stored_already", None)
-            return True
-        return False
+    async def _crashed(self, task: Task, message: Delivery) -> bool:
+        """A task a fetcher died holding: an attempt spent, not fetched on this delivery (the
+        page may be what kills fetchers). Before the permit check: a redelivery may come
+        after its permit expired."""
+        if not message.crashes:
+            return False
+        detail = f"a fetcher died holding this task ({message.crashes} time(s))"
+        await self._outcome(task, Lease(direct=True), FetchResult("crashed", 0.0, detail=detail))
+        return True
 
-    async def _stored_already(self, task: Task) -> bool:
+    async def _stored_already(self, task: Task, spare: float) -> bool:
         """Whether a task a fetcher once died holding is stored by now. Its fetch may have
         been done, its page published, parsed and stored, and only its ack lost with the
-        fetcher: the storer says so, and the page is not fetched again. No answer in time
-        (no storer running) is a no: fetched again, the page is still stored once. Only asked
-        after a crash, so the fetches that make up a job cost no question."""
+        fetcher: a storer says so, and the page is not fetched again. Only asked after a
+        crash, so the fetches that make up a job cost no question; and only for as long as
+        the permit can spare (`spare` seconds, at most `HUTCH_RPC_TIMEOUT`), so asking never
+        makes it late. No answer by then (no storer running, or an old one) is a no: fetched
+        again, the page is still stored once."""
         if self.ask is None or not any(attempt.outcome == "crashed" for attempt in task.history):
             return False
-        wait = self.settings.rpc_timeout
+        wait = min(spare, self.settings.rpc_timeout)
+        if wait < MIN_STORED_WAIT:
+            return False
         try:
             answer = await self.ask.call(
                 self.broker.topology.rpc_stored, StoredQuery(task_id=task.id), StoredAnswer, wait
             )
         except TimeoutError:
-            log.warning("no storer said whether task %s is stored; fetching it again", task.id)
+            log.warning("no storer said in %.2f s whether task %s is stored; fetching it again", wait, task.id)
             return False
         return answer.stored
 
+    async def _leased(self, task: Task) -> Lease | None:
+        """A lease for this attempt; None when there is none, the task sent where that leads."""
+        try:
+            lease = await self._lease(task)
+        except LeaseUnavailable:
+            await self._back_to_frontier(task, "no_lease")
+            return None
+        if not lease.direct and lease.proxy_id is None:
+            await self._no_proxy_now(task, lease)
+            return None
+        return lease
+
     async def _on_task(self, task: Task, message: Delivery) -> None:
-        if await self._settled_unfetched(task, message):
+        if await self._crashed(task, message):
             return
         if task.permit is None or task.permit.expires <= time.time():
             await self._back_to_frontier(task, "permit_expired")
@@ -281,15 +296,15 @@ class Fetcher(Service):
         if too_late():
             await self._back_to_frontier(task, "permit_late")
             return
+        # What the permit can spare: until it would be late, less what the lease may take.
+        spare = task.permit.expires - time.time() if late_after is None else due + late_after - time.monotonic()
+        if await self._stored_already(task, spare - LEASE_RESERVE):
+            await self._event(task, "stored_already", None)
+            return
         self.busy += 1
         try:
-            try:
-                lease = await self._lease(task)
-            except LeaseUnavailable:
-                await self._back_to_frontier(task, "no_lease")
-                return
-            if not lease.direct and lease.proxy_id is None:
-                await self._no_proxy_now(task, lease)
+            lease = await self._leased(task)
+            if lease is None:
                 return
             # Bounded by the permit's life and by the longest a permit may live at all.
             hold = min(due - time.monotonic(), task.permit.expires - time.time(), self.settings.permit_ttl)

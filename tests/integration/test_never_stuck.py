@@ -333,6 +333,39 @@ async def test_a_task_a_fetcher_died_holding_whose_page_was_stored_since_is_not_
         await storer.shutdown()
 
 
+async def test_asking_whether_a_crashed_task_is_stored_never_makes_its_permit_late(
+    broker: Broker, fetcher
+) -> None:  # type: ignore[no-untyped-def]
+    """No storer answers here. A rate-limited domain's permit may be fetched at most 50 ms
+    after its moment: the question waits only that long, then the task is fetched, on time,
+    rather than given back late (and again, and again, while no storer answers)."""
+    from hutch.models import Attempt, Event, Permit
+
+    topology = broker.topology
+    events = await (await broker.channel()).declare_queue(exclusive=True)
+    await events.bind(topology.events, "outcome.#")
+    url = "http://127.0.0.1:9/crashed-once"
+    history = [Attempt(n=1, at=time.time(), outcome="crashed", spent=True)]
+    permit = Permit(id="gov-a.crashed", issued=time.time(), expires=time.time() + 30, late_after=0.05)
+    task = Task(
+        id=task_id("job", url), job="job", url=url, domain="127.0.0.1:9", attempts=1, history=history, permit=permit
+    )
+    await broker.publish(topology.work, "fetch.ready", task)
+    deadline = time.monotonic() + 20
+    outcomes: list[tuple[str, str | None]] = []
+    while not outcomes:
+        assert time.monotonic() < deadline, "no outcome"
+        message = await events.get(fail=False, no_ack=True)
+        if message is None:
+            await asyncio.sleep(0.05)
+            continue
+        event = decode(message.body, Event)
+        if event.task_id == task.id:
+            outcomes.append((event.outcome, event.next))
+    assert outcomes == [("error", "retry")]  # fetched (this fixture's fetch raises), not permit_late
+    assert fetcher.calls == [url]
+
+
 async def test_a_permit_that_reaches_the_fetcher_later_than_its_rate_allows_goes_back_unspent_unfetched(
     broker: Broker, fetcher
 ) -> None:  # type: ignore[no-untyped-def]
