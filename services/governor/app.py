@@ -122,12 +122,7 @@ PARKED_HEADER = "x-hutch-parked"  # a task the governor parked in a delay tier
 # survive many governor restarts.
 SHARD_MAX_CRASHES = 50
 RESCUED_MEMORY = 100_000  # rescued tasks whose newest incarnation a governor remembers
-MAX_HELD_PER_JOB = 64  # held tasks of one domain and job, however fast its rate...
-# ...unless its shard's window has room: past its hold limit a job may hold up to this part
-# of the window, shared by every domain of the shard, and at most this many seconds of its
-# share of the rate (a task held, not parked again, costs no publish, tier and delivery).
-ROOMY_WINDOW = 0.5
-ROOMY_HORIZON = 60.0
+MAX_HELD_PER_JOB = 64  # held tasks of one domain and job, however fast its rate
 LONG_HOLD = 600.0  # seconds a task may wait held for the fleet's capacity before it is parked
 DISPATCH_SLICE = 2000  # decisions before the dispatcher lets the loop run other work
 JOBS_QUIET = 0.3  # seconds without a record that mean the jobs stream is read to its end
@@ -255,7 +250,6 @@ class Governor(Service):
         self._releases: list[Event] = []  # released events not yet published
         self._parks = 0  # tasks parked, and released, since the start (for the log)
         self._returns = [0, 0]  # tasks back from a park since the start, and those parked again at once
-        self._shard_held = [0] * self.broker.topology.shards  # tasks held now, by shard
         self._released = 0
         self._sorting: asyncio.Task[None] | None = None
         self._sort_again = False
@@ -569,21 +563,6 @@ class Governor(Service):
         wanted = self._share(domain, line, job) * self.settings.hold_horizon
         return max(1, min(MAX_HELD_PER_JOB, math.ceil(wanted)))
 
-    def _may_hold(self, domain: str, line: DomainLine, jl: JobLine, job: str) -> bool:
-        """Whether one more task of this job may be held: under its hold limit, or past it
-        while its shard's held tasks fill less than `ROOMY_WINDOW` of the window (the rest
-        keeps the shard moving past a big domain) and the job holds less than
-        `ROOMY_HORIZON` seconds of its share. On small pages without a limit, parking past
-        64 cost a third of the CPU per page (docs/benchmarks.md, fifth round)."""
-        held = len(jl.held)
-        if held < self._hold_limit(domain, line, job):
-            return True
-        shard = self.broker.topology.shard_of(domain)
-        return (
-            self._shard_held[shard] < ROOMY_WINDOW * self.settings.frontier_window
-            and held < ROOMY_HORIZON * self._share(domain, line, job)
-        )
-
     def _park_delay(self, domain: str, line: DomainLine, job: str, now: float) -> float:
         rate = self.core.rate_of(domain)
         share = self._share(domain, line, job)
@@ -645,8 +624,6 @@ class Governor(Service):
         self.core.activate(domain)
         held = Held(task, message, now, asyncio.get_running_loop().create_future())
         jl.held.append(held)
-        shard = self.broker.topology.shard_of(domain)
-        self._shard_held[shard] += 1
         if line.busy_since is None:
             line.busy_since = now
         if not line.scheduled:
@@ -655,7 +632,6 @@ class Governor(Service):
         try:
             action, value = await held.decided
         finally:
-            self._shard_held[shard] -= 1
             if not held.decided.done():  # cancelled (shutdown): no longer held
                 with contextlib.suppress(ValueError):
                     jl.held.remove(held)
@@ -670,7 +646,7 @@ class Governor(Service):
         if state == "paused":
             await self._to_paused(task)
             return False
-        if line.blocked_until > now or not self._may_hold(task.domain, line, jl, task.job):
+        if line.blocked_until > now or len(jl.held) >= self._hold_limit(task.domain, line, task.job):
             await self._park(task, line, jl, self._park_delay(task.domain, line, task.job, now))
             return False
         return True
