@@ -88,8 +88,10 @@ from hutch.services.governor.capacity import FleetCapacity
 from hutch.services.governor.core import ROBOTS_JOB, Core, CoreConfig
 from hutch.services.governor.limits import Limits
 from hutch.services.governor.lines import (
+    PACE_MARGIN,
     PACED_PARK_MAX,
     PARK_BUDGET,
+    RETURN_MARGIN,
     STATE_AFTER,
     Action,
     Decided,
@@ -563,11 +565,11 @@ class Governor(Service):
         wanted = self._share(domain, line, job) * self.settings.hold_horizon
         return max(1, min(MAX_HELD_PER_JOB, math.ceil(wanted)))
 
-    def _park_delay(self, domain: str, line: DomainLine, job: str, now: float) -> float:
+    def _park_delay(self, domain: str, line: DomainLine, job: str, now: float, margin: float = PACE_MARGIN) -> float:
         rate = self.core.rate_of(domain)
         share = self._share(domain, line, job)
         longest = max(PACED_PARK_MAX, self._backlog(now) / PARK_BUDGET)
-        return park_delay(line.jobs[job], now, share, rate, line.pace(now), line.blocked_until, longest)
+        return park_delay(line.jobs[job], now, share, rate, line.pace(now), line.blocked_until, longest, margin)
 
     def _backlog(self, now: float) -> int:
         """Every task held here and parked by this governor, counted again at most once a second."""
@@ -618,7 +620,7 @@ class Governor(Service):
         if isinstance(back, int):
             jl.came_back(back)  # counted as still to come no longer
             self._returns[0] += 1
-        if not await self._to_hold(task, line, jl, now):
+        if not await self._to_hold(task, line, jl, now, returned=isinstance(back, int)):
             self._returns[1] += isinstance(back, int)
             return
         self.core.activate(domain)
@@ -637,7 +639,7 @@ class Governor(Service):
                     jl.held.remove(held)
         await self._carry_out(task, line, jl, action, value)
 
-    async def _to_hold(self, task: Task, line: DomainLine, jl: JobLine, now: float) -> bool:
+    async def _to_hold(self, task: Task, line: DomainLine, jl: JobLine, now: float, returned: bool = False) -> bool:
         """Whether a task that arrived is to be held; otherwise it has gone where its job's
         state or its domain's backlog sends it."""
         state = self._job(task.job).state
@@ -647,7 +649,8 @@ class Governor(Service):
             await self._to_paused(task)
             return False
         if line.blocked_until > now or len(jl.held) >= self._hold_limit(task.domain, line, task.job):
-            await self._park(task, line, jl, self._park_delay(task.domain, line, task.job, now))
+            margin = RETURN_MARGIN if returned else PACE_MARGIN
+            await self._park(task, line, jl, self._park_delay(task.domain, line, task.job, now, margin))
             return False
         return True
 

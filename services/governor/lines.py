@@ -21,7 +21,8 @@ from hutch.amqp import Delivery
 from hutch.models import Task
 
 PACE_SECONDS = 5  # whole seconds over which a busy domain's peak pace is measured
-PACE_MARGIN = 2.0  # parked tasks come back in time for twice that pace
+PACE_MARGIN = 2.0  # parked tasks come back in time for twice that pace...
+RETURN_MARGIN = 1.5  # ...a task back from a park that finds its hold full, for 1.5 times it
 PACED_PARK_MAX = 30.0  # seconds: the longest park of a domain its pace, not its rate, holds back...
 PARK_BUDGET = 100.0  # ...or all it holds and parked over this: about this many such parks a second at most
 
@@ -34,6 +35,7 @@ def park_delay(
     pace: float | None,
     blocked_until: float,
     longest: float = PACED_PARK_MAX,
+    margin: float = PACE_MARGIN,
 ) -> float:
     """How long a task of `jl` may stay parked: until the job's tasks held and parked before
     it would run out at its share of the domain's pace (a longer wait would leave the domain
@@ -44,14 +46,17 @@ def park_delay(
     the shortest tier, and back, and parked again, many times over. Taken with a margin
     (`PACE_MARGIN` times the measured pace): a domain speeds up when others sharing the
     fetchers finish, and a task parked too long leaves it idle, which costs more than a task
-    parked once more. And at most `longest`: the pace is a guess about the fleet (a busy
+    parked once more. A task that came back from a park to a full hold is parked again with
+    `margin` at `RETURN_MARGIN`: it came back early, and at twice the peak pace, rounded down
+    to a tier, returns came 4-5 times as fast as the domain drained (docs/benchmarks.md,
+    fifth round). And at most `longest`: the pace is a guess about the fleet (a busy
     machine made it look four times slower than it became), a rate is a fact. The governor
     gives `longest` as `PACED_PARK_MAX`, or everything it holds and has parked over
     `PARK_BUDGET` when that is longer: each such park costs a publish, and with a fixed cap
     a backlog of B tasks costs B / 30 parks a second (100,000 tasks: 3,300 a second, more
     than the governor and the broker can do), with this one about `PARK_BUDGET`."""
-    if pace is not None and 0 < PACE_MARGIN * pace < rate:
-        share *= PACE_MARGIN * pace / rate
+    if pace is not None and 0 < margin * pace < rate:
+        share *= margin * pace / rate
         return max(min(jl.supply(now, share), longest), blocked_until - now)
     return max(jl.supply(now, max(share, 1e-6)), blocked_until - now)
 

@@ -21,6 +21,7 @@ from aio_pika.abc import AbstractIncomingMessage
 from hutch.amqp import Broker, Delivery
 from hutch.models import Event, EventBatch, FetcherHeartbeat, JobControl, Task, decode, task_id
 from hutch.services.governor.app import Governor
+from hutch.services.governor.lines import PACE_MARGIN, RETURN_MARGIN
 from hutch.settings import Settings
 from hutch.topology import event_key
 
@@ -181,6 +182,30 @@ async def test_a_domain_is_released_at_its_rate_however_big_its_backlog(
     await wait_for(lambda: len(standin.of(BIG)) >= 14, timeout=20)
     issued = standin.issued(BIG)
     assert most_in_a_second(issued) <= RATE + BURST, issued
+
+
+async def test_a_task_back_from_a_park_to_a_full_hold_is_parked_again_at_the_return_margin(
+    broker: Broker, start_governor: StartGovernor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At 50/s with 400 tasks, 64 are held and the rest parked; tiers are whole seconds, so
+    some come back before the hold has room and are parked again: those, and only those,
+    are counted at `RETURN_MARGIN` times the pace."""
+    margins: list[float] = []
+    park_delay = Governor._park_delay
+
+    def spy(self: Governor, domain: str, line: Any, job: str, now: float, margin: float = PACE_MARGIN) -> float:
+        margins.append(margin)
+        return park_delay(self, domain, line, job, now, margin)
+
+    monkeypatch.setattr(Governor, "_park_delay", spy)
+    await submit(broker, [make_task(BIG, n) for n in range(400)])
+    standin = await StandIn(broker).start()
+    governor = await start_governor(rate=50.0)
+    await wait_for(lambda: len(standin.of(BIG)) >= 400, timeout=40)
+    again = governor._returns[1]
+    assert again > 0, "no task came back to a full hold"
+    assert margins.count(RETURN_MARGIN) == again
+    assert margins.count(PACE_MARGIN) == governor._parks - again
 
 
 async def test_two_jobs_on_one_domain_share_its_releases_by_weight(

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from hutch.services.governor.lines import PACED_PARK_MAX, PARK_BUDGET, DomainLine, JobLine, back_by, park_delay
+from hutch.services.governor.lines import (
+    PACED_PARK_MAX,
+    PARK_BUDGET,
+    RETURN_MARGIN,
+    DomainLine,
+    JobLine,
+    back_by,
+    park_delay,
+)
 
 NOW = 1_000.0
 
@@ -103,6 +111,19 @@ def test_a_domain_the_fleet_paces_below_its_rate_parks_at_twice_its_pace_for_30_
     assert park_delay(jl, NOW, share=1000.0, rate=1000.0, pace=5.0, blocked_until=0.0) == 30.0
     # Counted at its rate it would look a few milliseconds long: the shortest tier, again and again.
     assert park_delay(jl, NOW, share=1000.0, rate=1000.0, pace=None, blocked_until=0.0) == 0.05
+
+
+def test_a_task_back_to_a_full_hold_parks_at_the_smaller_return_margin() -> None:
+    # Drained at 5/s: 50 held and 150 back in 5 s cover 20 s at 10/s, 200 / 7.5 at 7.5/s.
+    jl = line(held=50, returns={int(NOW) + 5: 150})
+    first = park_delay(jl, NOW, share=1000.0, rate=1000.0, pace=5.0, blocked_until=0.0)
+    again = park_delay(jl, NOW, share=1000.0, rate=1000.0, pace=5.0, blocked_until=0.0, margin=RETURN_MARGIN)
+    assert first == 20.0
+    assert again == pytest.approx(200 / (RETURN_MARGIN * 5.0))
+    assert again > first
+    # Where the rate binds, the margin changes nothing: the rate is a fact, not a guess.
+    jl = line(held=50, returns={int(NOW) + 5: 100, int(NOW) + 15: 700})
+    assert park_delay(jl, NOW, share=10.0, rate=10.0, pace=10.0, blocked_until=0.0, margin=RETURN_MARGIN) == 85.0
 
 
 def test_a_longer_limit_lets_a_long_backlog_park_for_its_supply() -> None:
