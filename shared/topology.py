@@ -29,6 +29,10 @@ Shape (see the design card):
 - `retry.<delay>`: a fanout exchange and a queue per delay tier with a fixed TTL that
   dead-letters into `frontier` with no dead-letter routing key, so an expired retry re-enters
   its own shard under its original key. No consumers: the broker holds the delay.
+- `park.<delay>`: the same ladder again, for the governor's parks alone. A park may carry
+  its own shorter expiration (the exact time its turn comes): the broker expires a message
+  only at a queue's head, so the governor keeps each park queue's expirations in order, and
+  no retry (which always waits its tier's whole TTL) may sit in front of one.
 - `dead` (fanout): to `dlq` (kept for inspection and replay) and `dead.ledger` (the storer).
 - `events` (topic): `released` (batches), `outcome.<domain>` (the storer keeps task state
   and attempt history from them; the proxy-manager learns proxy health from outcomes),
@@ -266,6 +270,9 @@ class Topology:
     def tier_exchange(self, delay: float) -> str:
         return f"{self.prefix}retry.{tier_label(delay)}"
 
+    def park_exchange(self, delay: float) -> str:
+        return f"{self.prefix}park.{tier_label(delay)}"
+
     def tier_for(self, wanted: float) -> float:
         """The smallest configured delay tier at least `wanted` long (the longest if none is)."""
         for delay in self.retry_delays:
@@ -277,7 +284,9 @@ class Topology:
 
     @property
     def exchanges(self) -> tuple[ExchangeSpec, ...]:
-        tiers = tuple(ExchangeSpec(self.tier_exchange(d), "fanout") for d in self.delays)
+        tiers = tuple(
+            ExchangeSpec(name(d), "fanout") for name in (self.tier_exchange, self.park_exchange) for d in self.delays
+        )
         return (
             ExchangeSpec(self.unrouted, "fanout"),
             ExchangeSpec(self.frontier, "direct", {"alternate-exchange": self.unrouted}),
@@ -293,7 +302,7 @@ class Topology:
         ledger = self._durable_args(delivery_limit=WORK_DELIVERY_LIMIT, dead_letter_to_dlq=True)
         plain = self._durable_args()
         tiers = []
-        for delay in self.delays:
+        for delay, name in [(d, tier(d)) for tier in (self.tier_exchange, self.park_exchange) for d in self.delays]:
             args = dict(plain)
             args["x-message-ttl"] = round(delay * 1000)
             # No x-dead-letter-routing-key: the expired message keeps its own key
@@ -303,7 +312,6 @@ class Topology:
                 # At-least-once dead-lettering: a retry must not be lost on its way back.
                 args["x-dead-letter-strategy"] = "at-least-once"
                 args["x-overflow"] = "reject-publish"
-            name = self.tier_exchange(delay)
             tiers.append(QueueSpec(name, args, ((name, ""),)))
         return (
             QueueSpec(self.unrouted, work, ((self.unrouted, ""),)),

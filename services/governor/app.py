@@ -10,9 +10,10 @@ alternatives and the figures that chose this one.)
   consumed with a window of `HUTCH_FRONTIER_WINDOW` unacked messages. A task taken from a
   shard is *held* (its message unacked) in its domain's line, per job, until the dispatcher
   releases it; at most `hold_limit` tasks per domain and job are held (a few seconds of its
-  share of the rate, `HUTCH_HOLD_HORIZON`). The rest is *parked*: published to the delay
-  tier that brings it back about when its turn comes, then acked. So a domain with a huge
-  backlog never fills the window, and the domains behind it in its shard go on.
+  share of the rate, `HUTCH_HOLD_HORIZON`). The rest is *parked*: published to a park
+  queue (the delay tiers' ladder again, the governor's alone) that brings it back when its
+  turn comes (`park_slot`), then acked. So a domain with a huge backlog never fills the
+  window, and the domains behind it in its shard go on.
 - The dispatcher keeps every domain that holds tasks in a heap by the time it may next
   release. The domain due first goes first: `Core.check` says release, wait (rate,
   concurrency, a pause, robots.txt, a takeover) or wait for the fleet's capacity. While the
@@ -101,7 +102,9 @@ from hutch.services.governor.lines import (
     JobState,
     back_by,
     let_go,
+    paced,
     park_delay,
+    park_slot,
 )
 from hutch.services.governor.robots import RobotsCache
 from hutch.services.governor.status import select_domains
@@ -161,6 +164,7 @@ class Governor(Service):
         self.events_queue = await self._listen_events()
         await self._read_jobs()
         await self._read_released_log()
+        await self._read_park_queues()
         self._loops = [
             asyncio.create_task(self._poll_ready_depth()),
             asyncio.create_task(self._poll_depths()),
@@ -252,6 +256,11 @@ class Governor(Service):
         self._releases: list[Event] = []  # released events not yet published
         self._parks = 0  # tasks parked, and released, since the start (for the log)
         self._returns = [0, 0]  # tasks back from a park since the start, and those parked again at once
+        # Park queue (by delay) -> when the last park put in it expires (`park_slot`). Until
+        # `start` finds a queue empty, what an earlier governor left in it may expire as late
+        # as its whole TTL from now.
+        now = time.time()
+        self._park_heads: dict[float, float] = {d: now + d for d in self.broker.topology.delays}
         self._released = 0
         self._sorting: asyncio.Task[None] | None = None
         self._sort_again = False
@@ -580,20 +589,34 @@ class Governor(Service):
             )
         return self._backlog_count
 
-    def _tier_at_most(self, wanted: float) -> float:
-        """The longest delay tier not longer than `wanted` (the shortest if none is)."""
-        delays = self.broker.topology.delays
-        fitting = [d for d in delays if d <= wanted]
-        return fitting[-1] if fitting else delays[0]
-
-    async def _park(self, task: Task, line: DomainLine, job: JobLine, delay: float) -> None:
+    async def _read_park_queues(self) -> None:
+        """Which park queues are empty: a park in one of them waits behind nothing."""
         topology = self.broker.topology
-        tier = self._tier_at_most(delay)
-        back = back_by(time.time(), tier)
+        channel = await self.broker.raw_channel()
+        try:
+            for delay in topology.delays:
+                if channel.is_closed:
+                    channel = await self.broker.raw_channel()
+                depth = await queue_depth(channel, topology.park_exchange(delay))
+                if depth is not None and depth[0] == 0:
+                    self._park_heads[delay] = 0.0
+        finally:
+            with contextlib.suppress(Exception):
+                await channel.close()
+
+    async def _park(self, task: Task, line: DomainLine, job: JobLine, delay: float, exact: bool = True) -> None:
+        topology = self.broker.topology
+        now = time.time()
+        tier, away = park_slot(topology.delays, self._park_heads, now, delay, exact)
+        back = back_by(now, away)
         job.returns[back] = job.returns.get(back, 0) + 1  # before the await: the next park counts it
         try:
             await self.broker.publish(
-                topology.tier_exchange(tier), topology.shard_key(task.domain), task, headers={PARKED_HEADER: back}
+                topology.park_exchange(tier),
+                topology.shard_key(task.domain),
+                task,
+                headers={PARKED_HEADER: back},
+                expiration=None if away == tier else away,
             )
         except BaseException:
             job.returns[back] -= 1
@@ -650,7 +673,8 @@ class Governor(Service):
             return False
         if line.blocked_until > now or len(jl.held) >= self._hold_limit(task.domain, line, task.job):
             margin = RETURN_MARGIN if returned else PACE_MARGIN
-            await self._park(task, line, jl, self._park_delay(task.domain, line, task.job, now, margin))
+            exact = not paced(self.core.rate_of(task.domain), line.pace(now), margin)
+            await self._park(task, line, jl, self._park_delay(task.domain, line, task.job, now, margin), exact)
             return False
         return True
 
@@ -824,7 +848,8 @@ class Governor(Service):
         topology = self.broker.topology
         # fetch.ready's depth is read four times a second already (`_poll_ready_depth`).
         fixed = [topology.parse, topology.store, topology.dlq, topology.ledger,
-                 topology.paused, topology.unrouted, *(topology.tier_exchange(d) for d in topology.delays)]
+                 topology.paused, topology.unrouted, *(topology.tier_exchange(d) for d in topology.delays),
+                 *(topology.park_exchange(d) for d in topology.delays)]
         channel = await self.broker.channel()
         while True:
             depths: dict[str, int] = {}

@@ -25,6 +25,7 @@ PACE_MARGIN = 2.0  # parked tasks come back in time for twice that pace...
 RETURN_MARGIN = 1.5  # ...a task back from a park that finds its hold full, for 1.5 times it
 PACED_PARK_MAX = 30.0  # seconds: the longest park of a domain its pace, not its rate, holds back...
 PARK_BUDGET = 100.0  # ...or all it holds and parked over this: about this many such parks a second at most
+EXACT_LEAD = 1.0  # seconds before its turn an exactly timed park comes back (`park_slot`)
 
 
 def park_delay(
@@ -55,17 +56,68 @@ def park_delay(
     `PARK_BUDGET` when that is longer: each such park costs a publish, and with a fixed cap
     a backlog of B tasks costs B / 30 parks a second (100,000 tasks: 3,300 a second, more
     than the governor and the broker can do), with this one about `PARK_BUDGET`."""
-    if pace is not None and 0 < margin * pace < rate:
+    if paced(rate, pace, margin):
+        assert pace is not None
         share *= margin * pace / rate
         return max(min(jl.supply(now, share), longest), blocked_until - now)
     return max(jl.supply(now, max(share, 1e-6)), blocked_until - now)
 
 
-def back_by(now: float, tier: float) -> int:
-    """The whole second a task parked at `now` in `tier` is back by (`JobLine.returns`).
-    Rounded up: `supply` counts a return from the start of its second, so a task parked at
-    12.9 s in the 10 s tier counted as back at 22 s made a domain idle until 22.9 s."""
-    return math.ceil(now + tier)
+def paced(rate: float, pace: float | None, margin: float) -> bool:
+    """Whether a domain's parks are timed by its measured pace (with `margin`), not its rate."""
+    return pace is not None and 0 < margin * pace < rate
+
+
+def park_slot(
+    delays: tuple[float, ...], heads: dict[float, float], now: float, wanted: float, exact: bool = True
+) -> tuple[float, float]:
+    """The park queue (by its tier's delay) and the delay for a task to be away about
+    `wanted` seconds, and `heads` updated: when the last park put in each queue expires.
+
+    Exact parks come back `EXACT_LEAD` early: `JobLine.supply` counts a return from the end
+    of the whole second it is due in, so a task due back the moment the supply before it
+    runs out looks a gap late, and every task parked after it was sent to come back at that
+    same moment: on the rate-limited benchmark, 30-34 of every 60-67 tasks back from a park
+    found their hold full and were parked again. A second early keeps each return inside
+    the supply before it, and the hold (`HUTCH_HOLD_HORIZON` seconds of the rate) has room
+    for a second of returns: none was parked again (docs/benchmarks.md, sixth round).
+
+    A park may expire sooner than its queue's TTL, but the broker expires a message only at
+    the head of its queue: it stays behind any message put in before it until that one
+    expires. So a queue takes a park for exactly `wanted` only if every park in it expires
+    by then (its `heads` entry), and of those the one whose last park expires latest (the
+    others stay free for shorter parks; among empty ones, the shortest tier). Where none
+    can, the longest tier not longer than `wanted`, for its whole TTL, which never waits
+    behind another: the task comes back early and is parked again, as before the park
+    queues (one tier below `wanted` at most 2.5 times shorter, `park_ladder`). Never
+    shorter than the shortest tier: a task parked for a few milliseconds would be back,
+    and parked again, at once.
+
+    Not `exact` (a wait timed by a domain's measured pace, a guess): the longest tier not
+    longer than `wanted`, always. Coming back early there is part of the margin: parked for
+    exactly their pace's wait, with the same margins, the domains of a small-page run
+    waited for their last parked tasks 2-4 s after the others had finished, against
+    0.2-0.8 s (docs/benchmarks.md, sixth round)."""
+    if exact:
+        wanted -= EXACT_LEAD
+    wanted = max(wanted, delays[0])
+    until = now + wanted
+    fits = [d for d in delays if exact and d >= wanted and heads.get(d, 0.0) <= until]
+    if fits:
+        tier = max(fits, key=lambda d: (heads.get(d, 0.0), -d))
+        heads[tier] = until
+        return tier, wanted
+    tier = [d for d in delays if d <= wanted][-1]
+    heads[tier] = max(heads.get(tier, 0.0), now + tier)
+    return tier, tier
+
+
+def back_by(now: float, delay: float) -> int:
+    """The whole second a task parked at `now` for `delay` seconds is back by
+    (`JobLine.returns`). Rounded up: `supply` counts a return from the start of its second,
+    so a task parked at 12.9 s for 10 s counted as back at 22 s made a domain idle until
+    22.9 s."""
+    return math.ceil(now + delay)
 
 
 def let_go(held: Held, action: Action, value: Any = None) -> None:

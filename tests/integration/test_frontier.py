@@ -208,6 +208,32 @@ async def test_a_task_back_from_a_park_to_a_full_hold_is_parked_again_at_the_ret
     assert margins.count(PACE_MARGIN) == governor._parks - again
 
 
+async def test_a_backlog_at_its_rate_is_parked_once_and_comes_back_when_its_turn_comes(
+    broker: Broker, start_governor: StartGovernor
+) -> None:
+    """At a rate that binds, each parked task is due back exactly when the tasks ahead of
+    it run out (a park queue with the park's own expiration), not at the longest tier
+    shorter than that: no task comes back to a full hold to be parked again, and the
+    domain never idles while its tasks wait parked."""
+    domain, rate, count = "exact.test", 20.0, 200
+    await submit(broker, [make_task(domain, n) for n in range(count)])
+    standin = await StandIn(broker).start()
+    # The default ladder's tiers (the tests' own stop at 1 s: every park longer than that is
+    # parked for 1 s, again and again).
+    governor = await start_governor(rate=rate, retry_delays=(1.0, 5.0, 30.0))
+    assert governor.broker.topology.delays == (1.0, 2.0, 5.0, 10.0, 20.0, 30.0)
+    await wait_for(lambda: len(standin.of(domain)) >= count, timeout=40)
+    held = governor._hold_limit(domain, governor.lines[domain], "job")
+    parked, again = governor._parks, governor._returns[1]
+    # Parked to the longest tier not longer than its wait (before the park queues), 160 parks
+    # for these 136 tasks; exact, but due back the moment the supply before runs out
+    # (`EXACT_LEAD` 0), 194.
+    assert count - held - 2 * rate <= parked <= count - held, (parked, held)  # a few released first
+    assert again <= 0.05 * parked, (again, parked)
+    issued = standin.issued(domain)
+    assert (len(issued) - 1) / (issued[-1] - issued[0]) >= 0.9 * rate, (issued[0], issued[-1])
+
+
 async def test_two_jobs_on_one_domain_share_its_releases_by_weight(
     broker: Broker, start_governor: StartGovernor
 ) -> None:

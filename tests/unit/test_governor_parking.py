@@ -5,13 +5,16 @@ from __future__ import annotations
 import pytest
 
 from hutch.services.governor.lines import (
+    EXACT_LEAD,
     PACED_PARK_MAX,
     PARK_BUDGET,
     RETURN_MARGIN,
     DomainLine,
     JobLine,
     back_by,
+    paced,
     park_delay,
+    park_slot,
 )
 
 NOW = 1_000.0
@@ -146,3 +149,55 @@ def test_a_longer_limit_lets_a_long_backlog_park_for_its_supply() -> None:
 def test_a_long_wait_of_the_domain_outlasts_any_supply() -> None:
     jl = line(held=50)
     assert park_delay(jl, NOW, share=1000.0, rate=1000.0, pace=5.0, blocked_until=NOW + 60) == 60.0
+
+
+LADDER = (1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0)
+LEAD = EXACT_LEAD
+
+
+def test_a_park_into_empty_queues_goes_for_exactly_its_wait_in_the_shortest_tier_long_enough() -> None:
+    heads: dict[float, float] = {}
+    assert park_slot(LADDER, heads, NOW, 14.7) == (20.0, 14.7 - LEAD)
+    assert heads == {20.0: NOW + 14.7 - LEAD}
+
+
+def test_later_parks_share_a_queue_while_their_expiries_stay_in_order() -> None:
+    heads: dict[float, float] = {}
+    assert park_slot(LADDER, heads, NOW, 14.0) == (20.0, 14.0 - LEAD)
+    assert park_slot(LADDER, heads, NOW + 0.1, 14.5) == (20.0, 14.5 - LEAD)  # behind it, and later: in order
+    # Sooner than the last park in the 20 s queue: it would wait behind it, so the next
+    # queue long enough and free.
+    assert park_slot(LADDER, heads, NOW + 0.2, 13.0) == (30.0, 13.0 - LEAD)
+    # Of the queues it fits, the one whose last park expires latest: the others stay free.
+    assert park_slot(LADDER, heads, NOW + 0.3, 14.7) == (20.0, 14.7 - LEAD)
+    assert heads == pytest.approx({20.0: NOW + 0.3 + 14.7 - LEAD, 30.0: NOW + 0.2 + 13.0 - LEAD})
+
+
+def test_with_no_queue_free_in_time_a_park_takes_the_longest_tier_not_longer_for_all_of_it() -> None:
+    late = {d: NOW + 100.0 for d in LADDER}  # an earlier governor's parks, expiring late
+    assert park_slot(LADDER, dict(late), NOW, 14.0) == (10.0, 10.0)
+    # For its whole TTL: every park in its queue expires sooner, so it waits behind none.
+    heads = {**late, 10.0: NOW + 9.0}
+    assert park_slot(LADDER, heads, NOW, 14.0) == (10.0, 10.0)
+    assert heads[10.0] == NOW + 10.0
+
+
+def test_a_park_shorter_than_the_shortest_tier_is_parked_for_that_tier() -> None:
+    assert park_slot(LADDER, {}, NOW, 0.01) == (1.0, 1.0)
+    assert park_slot(LADDER, {}, NOW, LEAD + 0.5) == (1.0, 1.0)
+
+
+def test_a_park_longer_than_every_tier_is_parked_for_the_longest() -> None:
+    assert park_slot(LADDER, {}, NOW, 500.0) == (60.0, 60.0)
+
+
+def test_a_wait_timed_by_a_guessed_pace_takes_the_longest_tier_not_longer_even_with_queues_free() -> None:
+    heads: dict[float, float] = {}
+    assert park_slot(LADDER, heads, NOW, 13.7, exact=False) == (10.0, 10.0)
+    assert heads == {10.0: NOW + 10.0}
+
+
+def test_parks_are_timed_by_the_pace_only_when_the_margin_on_it_is_below_the_rate() -> None:
+    assert paced(rate=100.0, pace=30.0, margin=2.0)
+    assert not paced(rate=50.0, pace=30.0, margin=2.0)  # the rate binds: a fact, parked exactly
+    assert not paced(rate=100.0, pace=None, margin=2.0)  # no pace measured yet

@@ -24,6 +24,11 @@ def tier_queues(topology: Topology) -> list[QueueSpec]:
     return [q for q in topology.queues if q.name in names]
 
 
+def park_queues(topology: Topology) -> list[QueueSpec]:
+    names = {topology.park_exchange(delay) for delay in topology.delays}
+    return [q for q in topology.queues if q.name in names]
+
+
 # -- names ---------------------------------------------------------------------------------------
 
 
@@ -192,8 +197,22 @@ def test_classic_tier_queues_carry_no_quorum_only_arguments(classic: Topology) -
         assert "x-overflow" not in q.arguments
 
 
+@pytest.mark.parametrize("queue_type", ["classic", "quorum"])
+def test_the_park_queues_are_the_tiers_again_under_their_own_names(queue_type: str) -> None:
+    # The governor's parks wait behind no retry: a park may expire before its tier's TTL,
+    # and the broker expires a message only at its queue's head.
+    topology = Topology("acme", queue_type, DELAYS)  # type: ignore[arg-type]
+    exchanges = {e.name: e for e in topology.exchanges}
+    parks, tiers = park_queues(topology), tier_queues(topology)
+    assert [q.name for q in parks] == [topology.park_exchange(d) for d in topology.delays]
+    assert topology.park_exchange(30) == "acme.v3.park.30s"
+    assert [q.arguments for q in parks] == [q.arguments for q in tiers]
+    for q in parks:
+        assert exchanges[q.name].type == "fanout" and q.bindings == ((q.name, ""),)
+
+
 def test_no_queue_other_than_a_tier_has_a_ttl(quorum: Topology) -> None:
-    tiers = {q.name for q in tier_queues(quorum)}
+    tiers = {q.name for q in tier_queues(quorum) + park_queues(quorum)}
     for q in quorum.queues:
         if q.name not in tiers:
             assert "x-message-ttl" not in q.arguments, q.name
@@ -201,7 +220,7 @@ def test_no_queue_other_than_a_tier_has_a_ttl(quorum: Topology) -> None:
 
 
 def test_classic_queues_other_than_tiers_have_no_dead_letter_target(classic: Topology) -> None:
-    tiers = {q.name for q in tier_queues(classic)}
+    tiers = {q.name for q in tier_queues(classic) + park_queues(classic)}
     for q in classic.queues:
         if q.name not in tiers:
             assert "x-dead-letter-exchange" not in q.arguments, q.name
