@@ -89,7 +89,11 @@ async def _migrate_version(broker: Broker, version: str) -> int:
     new = broker.topology
     old = Topology(new.namespace, new.queue_type, new.retry_delays, new.dlq_max_length, version=version)
     domains = await registered_domains(broker, stream=old.domains)
-    to_frontier = [old.tier_exchange(d) for d in old.retry_delays] + [old.domain_queue(d).name for d in domains]
+    to_frontier = (
+        [old.tier_exchange(d) for d in old.retry_delays]
+        + [old.park_exchange(d) for d in old.delays]  # none before v3
+        + [old.domain_queue(d).name for d in domains]
+    )
     same_name = {
         old.fetch_ready: new.fetch_ready,
         old.parse: new.parse,
@@ -105,7 +109,7 @@ async def _migrate_version(broker: Broker, version: str) -> int:
     moved = 0
     # Tiers first: they dead-letter into the old domain queues, which are emptied next.
     for name in to_frontier:
-        moved += await _move(broker, name, lambda m: (new.frontier, _task_key(broker, m, new)))
+        moved += await _move(broker, name, lambda m: (new.frontier, _task_key(broker, m, new)), expiring=False)
     moved += await _move(broker, old.unrouted, lambda m: (new.unrouted, m.routing_key or ""))
     for name, target in same_name.items():
         moved += await _move(broker, name, _to_queue(target))
@@ -169,8 +173,9 @@ def _delete_queue(name: str) -> Action:
     return lambda channel: channel.queue_delete(name)
 
 
-async def _move(broker: Broker, queue: str, route: Route) -> int:
-    """Move `queue`'s messages to `route(message)` = (exchange, key), then delete it if empty."""
+async def _move(broker: Broker, queue: str, route: Route, expiring: bool = True) -> int:
+    """Move `queue`'s messages to `route(message)` = (exchange, key), then delete it if empty.
+    Not `expiring`: without their expiration (a park's own, which in a shard would drop it)."""
     underlay = await broker.raw_channel()
     try:
         found = await queue_depth(underlay, queue)
@@ -190,7 +195,10 @@ async def _move(broker: Broker, queue: str, route: Route) -> int:
 
             async def forward(message: DeliveredMessage) -> None:
                 exchange, key = route(message)
-                await broker.forward(exchange, key, message.body, copy_properties(message.header.properties))
+                properties = copy_properties(message.header.properties)
+                if not expiring:
+                    properties.expiration = None
+                await broker.forward(exchange, key, message.body, properties)
 
             try:
                 await asyncio.gather(*(forward(m) for m in batch))

@@ -77,8 +77,8 @@ def park_slot(
     Exact parks come back `EXACT_LEAD` early: `JobLine.supply` counts a return from the end
     of the whole second it is due in, so a task due back the moment the supply before it
     runs out looks a gap late, and every task parked after it was sent to come back at that
-    same moment: on the rate-limited benchmark, 30-34 of every 60-67 tasks back from a park
-    found their hold full and were parked again. A second early keeps each return inside
+    same moment: on the rate-limited benchmark, 22-41 of the 58-71 tasks a second back from
+    a park found their hold full and were parked again. A second early keeps each return inside
     the supply before it, and the hold (`HUTCH_HOLD_HORIZON` seconds of the rate) has room
     for a second of returns: none was parked again (docs/benchmarks.md, sixth round).
 

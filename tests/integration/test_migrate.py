@@ -28,8 +28,8 @@ def make_task(path: str, domain: str = "127.0.0.1:9") -> Task:
 
 
 def v2_queues(old: Topology) -> list[QueueSpec]:
-    """The static queues v2 had: the ones of the sharded frontier came with v3, `intake` and
-    `proxy-state` later."""
+    """The static queues v2 had: the ones of the sharded frontier came with v3, `intake`,
+    `proxy-state` and the park queues later."""
     newer = {
         old.paused,
         old.jobs,
@@ -37,6 +37,7 @@ def v2_queues(old: Topology) -> list[QueueSpec]:
         old.intake,
         old.proxy_state,
         *(spec.name for spec in old.shard_queues),
+        *(old.park_exchange(d) for d in old.delays),
     }
     return [spec for spec in old.queues if spec.name not in newer]
 
@@ -175,3 +176,34 @@ async def test_while_one_process_migrates_another_moves_nothing_and_deletes_noth
     finally:
         await first.close()
         await second.close()
+
+
+async def test_a_park_left_in_an_older_versions_park_queue_moves_into_its_shard_without_its_expiration(
+    settings: Settings,
+) -> None:
+    # A park carries its own expiration (`park_slot`); kept in a shard, it would expire there.
+    old_broker = await Broker(settings, "old-hutch").connect(declare=False)
+    old = Topology(settings.namespace, settings.queue_type, settings.retry_delays, version="v2")
+    old_broker.topology = old
+    task = make_task("parked")
+    delay = old.delays[-1]
+    try:
+        channel = await old_broker.channel()
+        await channel.declare_exchange(old.park_exchange(delay), "fanout", durable=True)
+        spec = old.queue(old.park_exchange(delay))
+        # A TTL longer than the tests' tiers, so the park waits there whatever the machine's load.
+        await declare_queue(channel, QueueSpec(spec.name, {**spec.arguments, "x-message-ttl": 60_000}, spec.bindings))
+        await old_broker.publish(old.park_exchange(delay), old.shard_key(task.domain), task, expiration=30.0)
+        assert await depth(old_broker, old.park_exchange(delay)) == 1
+    finally:
+        await old_broker.close()
+    broker = await Broker(settings, "test").connect()
+    try:
+        assert await migrate(broker) == 1
+        new = broker.topology
+        message = await get_one(broker, new.shard_queue(new.shard_of(task.domain)).name)
+        assert decode(message.body, Task) == task
+        assert message.expiration is None
+        assert not await exists(broker, old.park_exchange(delay))
+    finally:
+        await broker.close()
