@@ -273,6 +273,11 @@ class Topology:
     def park_exchange(self, delay: float) -> str:
         return f"{self.prefix}park.{tier_label(delay)}"
 
+    @property
+    def delay_queues(self) -> tuple[str, ...]:
+        """Every delay queue's name (each its exchange's too): the retry tiers, then the park queues."""
+        return tuple(name(d) for name in (self.tier_exchange, self.park_exchange) for d in self.delays)
+
     def tier_for(self, wanted: float) -> float:
         """The smallest configured delay tier at least `wanted` long (the longest if none is)."""
         for delay in self.retry_delays:
@@ -284,9 +289,7 @@ class Topology:
 
     @property
     def exchanges(self) -> tuple[ExchangeSpec, ...]:
-        tiers = tuple(
-            ExchangeSpec(name(d), "fanout") for name in (self.tier_exchange, self.park_exchange) for d in self.delays
-        )
+        tiers = tuple(ExchangeSpec(name, "fanout") for name in self.delay_queues)
         return (
             ExchangeSpec(self.unrouted, "fanout"),
             ExchangeSpec(self.frontier, "direct", {"alternate-exchange": self.unrouted}),
@@ -302,7 +305,7 @@ class Topology:
         ledger = self._durable_args(delivery_limit=WORK_DELIVERY_LIMIT, dead_letter_to_dlq=True)
         plain = self._durable_args()
         tiers = []
-        for delay, name in [(d, tier(d)) for tier in (self.tier_exchange, self.park_exchange) for d in self.delays]:
+        for delay, name in zip(self.delays * 2, self.delay_queues, strict=True):
             args = dict(plain)
             args["x-message-ttl"] = round(delay * 1000)
             # No x-dead-letter-routing-key: the expired message keeps its own key

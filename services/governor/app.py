@@ -848,8 +848,7 @@ class Governor(Service):
         topology = self.broker.topology
         # fetch.ready's depth is read four times a second already (`_poll_ready_depth`).
         fixed = [topology.parse, topology.store, topology.dlq, topology.ledger,
-                 topology.paused, topology.unrouted, *(topology.tier_exchange(d) for d in topology.delays),
-                 *(topology.park_exchange(d) for d in topology.delays)]
+                 topology.paused, topology.unrouted, *topology.delay_queues]
         channel = await self.broker.channel()
         while True:
             depths: dict[str, int] = {}

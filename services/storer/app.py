@@ -318,15 +318,11 @@ class Storer(Service):
         try:
             ready = await queue_depth(channel, topology.fetch_ready)
             events = await queue_depth(channel, topology.events_storer)
-            # A retry waits in its domain's shard, or parked in a delay tier or a park queue (a domain's backlog
+            # A retry waits in its domain's shard, in a delay tier, parked (a domain's backlog
             # beyond a few seconds of its rate), or in the paused queue: it counts as lost only
             # while all of them are empty (one shared look; unknown counts as not empty).
             waiting = 0
-            for name in [q.name for q in topology.shard_queues] + [
-                topology.paused,
-                *(topology.tier_exchange(d) for d in topology.delays),
-                *(topology.park_exchange(d) for d in topology.delays),
-            ]:
+            for name in [q.name for q in topology.shard_queues] + [topology.paused, *topology.delay_queues]:
                 if channel.is_closed:  # a passive declare of a missing queue closes it
                     channel = await self.broker.channel()
                 depth = await queue_depth(channel, name)
