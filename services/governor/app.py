@@ -132,6 +132,9 @@ LONG_HOLD = 600.0  # seconds a task may wait held for the fleet's capacity befor
 DISPATCH_SLICE = 2000  # decisions before the dispatcher lets the loop run other work
 JOBS_QUIET = 0.3  # seconds without a record that mean the jobs stream is read to its end
 CATCH_UP_LIMIT = 30.0  # longest wait for the released log before releasing anyway
+RECALL_EVERY = 0.5  # seconds between two looks for a domain idle while its tasks wait parked
+RECALL_MAX = 256  # parks taken back early in one look, at most
+RECALL_MISSES = 32  # ...and from one park queue, no more once this many in a row were others' parks
 
 
 def governor_id() -> str:
@@ -170,6 +173,7 @@ class Governor(Service):
             asyncio.create_task(self._poll_depths()),
             asyncio.create_task(self._tick()),
             asyncio.create_task(self._report()),
+            asyncio.create_task(self._recall_every(RECALL_EVERY)),
             asyncio.create_task(self._flush_releases_every(RELEASE_FLUSH)),
             asyncio.create_task(self._dispatch()),
         ]
@@ -256,6 +260,7 @@ class Governor(Service):
         self._releases: list[Event] = []  # released events not yet published
         self._parks = 0  # tasks parked, and released, since the start (for the log)
         self._returns = [0, 0]  # tasks back from a park since the start, and those parked again at once
+        self._recalled = 0  # parks taken back early since the start (`_recall`)
         # Park queue (by delay) -> when the last park put in it expires (`park_slot`). Until
         # `start` finds a queue empty, what an earlier governor left in it may expire as late
         # as its whole TTL from now.
@@ -610,6 +615,7 @@ class Governor(Service):
         tier, away = park_slot(topology.delays, self._park_heads, now, delay, exact)
         back = back_by(now, away)
         job.returns[back] = job.returns.get(back, 0) + 1  # before the await: the next park counts it
+        line.parked_at(tier, now + away)
         try:
             await self.broker.publish(
                 topology.park_exchange(tier),
@@ -622,6 +628,89 @@ class Governor(Service):
             job.returns[back] -= 1
             raise
         self._parks += 1
+
+    def _starved(self, now: float) -> tuple[int, list[float], set[str]]:
+        """How many parks to take back early, from which park queues (longest first), for
+        which domains: those idle for want of their own parked tasks (`DomainLine.starved`)
+        while the fleet has room. None while the fleet is full: then an idle domain costs
+        nothing, and its tasks come back at their time."""
+        if not self.core.capacity_free(now):
+            return 0, [], set()
+        want, tiers, starved = 0, set[float](), set[str]()
+        for domain, line in self.lines.items():
+            if not line.parked_in or not line.starved(now, self.core.rate_of(domain)):
+                continue
+            parked = sum(
+                jl.parked(now)
+                for name, jl in line.jobs.items()
+                if name != ROBOTS_JOB and self._job(name).state == "running"
+            )
+            out = line.parks_out(now + RECALL_EVERY)
+            if parked and out:
+                want += min(parked, MAX_HELD_PER_JOB)
+                tiers.update(out)
+                starved.add(domain)
+        return min(want, RECALL_MAX), sorted(tiers, reverse=True), starved
+
+    async def _recall_every(self, seconds: float) -> None:
+        while True:
+            await asyncio.sleep(seconds)
+            try:
+                want, tiers, starved = self._starved(time.time())
+                if want:
+                    self._recalled += await self._recall(tiers, want, starved)
+            except Exception:  # never let it die: an idle domain would wait out its parks again
+                log.exception("recalling parks failed")
+
+    async def _recall(self, tiers: list[float], want: int, starved: set[str]) -> int:
+        """Take up to `want` parks out of these park queues early, into their shards, as their
+        expiry would (without their own expiration, which in a shard would drop them), and
+        return how many. A domain's parks are timed by its pace, a guess: when the domains
+        sharing the fetchers finish, its pace rises and its last tasks sat parked at the old
+        one, the fetchers idle (in one small-page run in four a domain waited 3-9 s,
+        docs/benchmarks.md). Only while the fleet has room, so it spends nothing a busy fleet
+        could use. A park queue holds every domain's parks in the order they were put in:
+        what is taken for another domain is held or parked again where it arrives, and a
+        queue is left once `RECALL_MISSES` in a row were others'. A crash between the copy's
+        confirm and the ack leaves a task twice in the frontier, as a park's own would."""
+        topology = self.broker.topology
+        channel = await self.broker.raw_channel()
+        taken = 0
+        try:
+            for tier in tiers:
+                batch: list[aiormq.abc.DeliveredMessage] = []
+                misses = 0
+                while taken + len(batch) < want and misses < RECALL_MISSES:
+                    got = await channel.basic_get(topology.park_exchange(tier), no_ack=False)
+                    if got.delivery_tag is None:  # Basic.GetEmpty
+                        break
+                    batch.append(got)
+                    misses = 0 if self._parked_domain(got) in starved else misses + 1
+
+                async def back(message: aiormq.abc.DeliveredMessage) -> None:
+                    properties = copy_properties(message.header.properties)
+                    properties.expiration = None
+                    await self.broker.forward(topology.frontier, message.routing_key or "", message.body, properties)
+
+                # Unacked on a failure: the channel's close gives them back to their park queue.
+                await asyncio.gather(*(back(m) for m in batch))
+                for message in batch:
+                    await channel.basic_ack(message.delivery_tag or 0)
+                taken += len(batch)
+                if taken >= want:
+                    break
+        finally:
+            with contextlib.suppress(Exception):
+                await channel.close()
+        if taken:
+            log.debug("%d parks taken back early for %d idle domains", taken, len(starved))
+        return taken
+
+    def _parked_domain(self, message: aiormq.abc.DeliveredMessage) -> str | None:
+        try:
+            return self.broker.decode(message.body, message.header.properties.content_encoding, Task).domain
+        except DecodeError:
+            return None
 
     async def _to_paused(self, task: Task) -> None:
         await self.broker.publish("", self.broker.topology.paused, task)
@@ -929,7 +1018,7 @@ class Governor(Service):
 
     async def _report(self, every: float = 10.0) -> None:
         """One log line now and then: how fast permits go out and what holds the rest back."""
-        last = parks = 0
+        last = parks = recalled = 0
         returns = [0, 0]
         while True:
             await asyncio.sleep(every)
@@ -941,18 +1030,20 @@ class Governor(Service):
             back, again = (now - before for now, before in zip(self._returns, returns, strict=True))
             log.info(
                 "%.0f permits/s; %d domains, %d tasks held, %.0f parked/s (%.0f/s back from a park, "
-                "%.0f/s of them parked again at once); %d in flight of %d; outcomes heard %.0f ms after the fact",
+                "%.0f/s of them parked again at once, %.0f/s taken back early for an idle domain); "
+                "%d in flight of %d; outcomes heard %.0f ms after the fact",
                 (released - last) / every,
                 len(self.lines),
                 held,
                 (self._parks - parks) / every,
                 back / every,
                 again / every,
+                (self._recalled - recalled) / every,
                 in_flight,
                 slots,
                 1000 * lag_sum / lag_n if lag_n else 0.0,
             )
-            last, parks, returns = released, self._parks, list(self._returns)
+            last, parks, returns, recalled = released, self._parks, list(self._returns), self._recalled
 
     async def _flush_releases_every(self, seconds: float) -> None:
         while True:

@@ -26,6 +26,7 @@ RETURN_MARGIN = 1.5  # ...a task back from a park that finds its hold full, for 
 PACED_PARK_MAX = 30.0  # seconds: the longest park of a domain its pace, not its rate, holds back...
 PARK_BUDGET = 100.0  # ...or all it holds and parked over this: about this many such parks a second at most
 EXACT_LEAD = 1.0  # seconds before its turn an exactly timed park comes back (`park_slot`)
+RATE_BOUND = 0.9  # a domain that released this share of its rate in a recent second is held back by its rate
 
 
 def park_delay(
@@ -184,6 +185,8 @@ class DomainLine:
     touched: float = 0.0
     busy_since: float | None = None  # since when it has always had a task held
     releases: dict[int, int] = field(default_factory=dict)  # whole second -> releases in it (the last few)
+    # Park queue (by its delay) -> when this domain's last park put in it comes back.
+    parked_in: dict[float, float] = field(default_factory=dict)
 
     def held_count(self) -> int:
         return sum(len(j.held) for j in self.jobs.values())
@@ -194,6 +197,25 @@ class DomainLine:
         if len(self.releases) > PACE_SECONDS + 1:
             for old in [t for t in self.releases if t < second - PACE_SECONDS]:
                 del self.releases[old]
+
+    def parked_at(self, tier: float, until: float) -> None:
+        """One of its tasks is parked in `tier`'s queue until `until`."""
+        self.parked_in[tier] = max(self.parked_in.get(tier, 0.0), until)
+
+    def starved(self, now: float, rate: float) -> bool:
+        """Whether it is idle for want of its own parked tasks: nothing held, no long wait,
+        and not held back by its rate (no recent second near it), so a task here now would
+        be released as soon as the fleet has room. Its parks were timed by a pace that has
+        since risen (the other domains sharing the fetchers finished, or its first seconds
+        were measured slow): they would leave it idle until they expire (`Governor._recall`)."""
+        if self.held_count() or self.blocked_until > now:
+            return False
+        recent = [n for t, n in self.releases.items() if t >= int(now) - PACE_SECONDS]
+        return max(recent, default=0) < RATE_BOUND * rate
+
+    def parks_out(self, after: float) -> list[float]:
+        """The park queues (by delay, longest first) holding its parks due back after `after`."""
+        return sorted((tier for tier, until in self.parked_in.items() if until > after), reverse=True)
 
     def pace(self, now: float) -> float | None:
         """The most releases in one whole second of the last few, counting only seconds it

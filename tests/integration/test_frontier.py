@@ -234,6 +234,64 @@ async def test_a_backlog_at_its_rate_is_parked_once_and_comes_back_when_its_turn
     assert (len(issued) - 1) / (issued[-1] - issued[0]) >= 0.9 * rate, (issued[0], issued[-1])
 
 
+class SlowThenFast(StandIn):
+    """A fleet of one fetch slot, each fetch taking `slow` seconds, until `speed_up()`: then
+    room for 1,000 at once and no wait. A heartbeat every half second keeps it counted."""
+
+    def __init__(self, broker: Broker, slow: float) -> None:
+        super().__init__(broker)
+        self.slow = slow
+        self.concurrency = 1
+        self.beating: asyncio.Task[None] | None = None
+
+    async def start(self) -> SlowThenFast:
+        await super().start()
+        self.beating = asyncio.create_task(self._beat())
+        return self
+
+    async def _beat(self) -> None:
+        while True:
+            beat = FetcherHeartbeat(fetcher="standin", concurrency=self.concurrency, busy=0)
+            await self.broker.publish(self.broker.topology.events, "fetcher.heartbeat", beat, mandatory=False)
+            await asyncio.sleep(0.5)
+
+    async def speed_up(self) -> None:
+        self.slow, self.concurrency = 0.0, 1000
+        beat = FetcherHeartbeat(fetcher="standin", concurrency=self.concurrency, busy=0)
+        await self.broker.publish(self.broker.topology.events, "fetcher.heartbeat", beat, mandatory=False)
+
+    async def _on_task(self, message: AbstractIncomingMessage) -> None:
+        if self.slow:
+            await asyncio.sleep(self.slow)
+        await super()._on_task(message)
+
+    def stop(self) -> None:
+        if self.beating is not None:
+            self.beating.cancel()
+
+
+async def test_a_domain_left_idle_while_its_tasks_wait_parked_takes_them_back_early(
+    broker: Broker, start_governor: StartGovernor
+) -> None:
+    """A domain paced by a slow fleet has its backlog parked for up to 30 s. When the fleet
+    gets room (the other domains finished, in a real job), its tasks are taken back from the
+    park queues early instead of leaving the fetchers idle until they expire."""
+    domain, count = "recall.test", 300
+    await submit(broker, [make_task(domain, n) for n in range(count)])
+    standin = await SlowThenFast(broker, slow=0.2).start()
+    try:
+        governor = await start_governor(rate=1000.0, retry_delays=(1.0, 5.0, 30.0))
+        await asyncio.sleep(5.0)  # paced at 5/s: the backlog past the hold is parked at that pace
+        line = governor.lines[domain]
+        assert max(line.parked_in, default=0.0) >= 10.0, line.parked_in  # some parked 10 s or more
+        await standin.speed_up()
+        # Without taking parks back, the last come back 10-30 s from now.
+        await wait_for(lambda: len({t.id for t in standin.of(domain)}) >= count, timeout=8)
+        assert governor._recalled > 0
+    finally:
+        standin.stop()
+
+
 async def test_two_jobs_on_one_domain_share_its_releases_by_weight(
     broker: Broker, start_governor: StartGovernor
 ) -> None:

@@ -201,3 +201,41 @@ def test_parks_are_timed_by_the_pace_only_when_the_margin_on_it_is_below_the_rat
     assert paced(rate=100.0, pace=30.0, margin=2.0)
     assert not paced(rate=50.0, pace=30.0, margin=2.0)  # the rate binds: a fact, parked exactly
     assert not paced(rate=100.0, pace=None, margin=2.0)  # no pace measured yet
+
+
+def test_a_domain_with_nothing_held_and_well_below_its_rate_is_starved() -> None:
+    d = DomainLine(releases={int(NOW) - 1: 40, int(NOW): 3})
+    assert d.starved(NOW, rate=100.0)
+
+
+def test_a_domain_that_holds_a_task_is_not_starved() -> None:
+    d = DomainLine(jobs={"job": line(held=1)})
+    assert not d.starved(NOW, rate=100.0)
+
+
+def test_a_domain_its_rate_holds_back_is_not_starved() -> None:
+    """Idle between its turns by design: its parks come back for their turns."""
+    d = DomainLine(releases={int(NOW) - 2: 8, int(NOW) - 1: 7})
+    assert not d.starved(NOW, rate=8.0)
+    assert DomainLine(releases={int(NOW) - 1: 7}).starved(NOW, rate=8.0)  # 7 < 0.9 x 8
+
+
+def test_only_recent_seconds_say_whether_the_rate_holds_a_domain_back() -> None:
+    d = DomainLine(releases={int(NOW) - 30: 8, int(NOW) - 1: 2})
+    assert d.starved(NOW, rate=8.0)
+
+
+def test_a_domain_in_a_long_wait_is_not_starved() -> None:
+    d = DomainLine(blocked_until=NOW + 5.0)
+    assert not d.starved(NOW, rate=100.0)
+
+
+def test_a_domains_parks_out_are_the_queues_it_has_parks_due_back_in_after_a_moment_longest_first() -> None:
+    d = DomainLine()
+    d.parked_at(5.0, NOW + 4.0)
+    d.parked_at(20.0, NOW + 18.0)
+    d.parked_at(1.0, NOW + 0.3)
+    d.parked_at(5.0, NOW + 2.0)  # an earlier expiry in the same queue does not shorten it
+    assert d.parked_in[5.0] == NOW + 4.0
+    assert d.parks_out(NOW + 0.5) == [20.0, 5.0]
+    assert d.parks_out(NOW + 10.0) == [20.0]
