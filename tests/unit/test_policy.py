@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 
 from hutch.models import OUTCOMES, Attempt
 from hutch.services.fetcher.policy import (
+    DEFAULT_BLOCKS,
     DEFAULT_RULES,
     FetchResult,
     Policy,
@@ -205,3 +207,24 @@ def test_challenge_pages_served_with_200_are_blocks_by_default() -> None:
     assert POLICY.is_block("any", 200, b"<title>Just a moment...</title>")
     assert not POLICY.is_block("any", 200, b"<title>Just a page</title>")
     assert POLICY.is_block("any", 403, b"")
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'<div id="cf-challenge">',
+        b"<title>\n  Just a moment...</title>",
+        b"<h1>Attention Required! | Cloudflare</h1>",
+        b"<p class=hutch-blocked>",
+        b"<title>Just a moment..</title>",  # neither matches: one dot short
+        b"<title>Just a page</title>",
+        b"Attention Required! Cloudflare",
+    ],
+)
+def test_the_default_blocks_needles_pass_every_body_their_pattern_matches(body: bytes) -> None:
+    """The needles only skip the pattern: with or without them, the same answer."""
+    (rule,) = DEFAULT_BLOCKS
+    text = body.decode()
+    without = dataclasses.replace(rule, needles=())
+    assert rule.matches("any", 200, text) == without.matches("any", 200, text)
+    assert rule.pattern.search(text) is None or any(needle in text for needle in rule.needles)
