@@ -13,9 +13,11 @@ its own: one `multiprocessing.Process` per slot, talking over a pipe.
   event loop and aio-pika's threads, and a fork of a threaded process can inherit a lock held
   by a thread that does not exist in the child. The forkserver is a fresh interpreter that has
   imported parsel and lxml once, so a replacement worker costs a fork, not an import.
-- Pages and answers cross the pipe as JSON (never pickle, like every message in Hutch). The
-  answer is the item's JSON itself, so the per-item byte cap is measured on exactly what is
-  stored, and `recv_bytes` refuses anything longer.
+- Pages and answers cross the pipe as JSON (never pickle, like every message in Hutch). A
+  request is a line of JSON (everything but the page's text), then the text as UTF-8: a
+  ~100 KB page escaped into JSON and read back cost the parser 0.47 ms, as bytes 0.12
+  (`request_bytes`). The answer is the item's JSON itself, so the per-item byte cap is
+  measured on exactly what is stored, and `recv_bytes` refuses anything longer.
 - A worker caps its own address space (`RLIMIT_AS`) at what it had at start plus
   `memory_bytes`: a page that would take more raises MemoryError in the worker (or, inside
   libxml2, a parser error logged as `ERR_NO_MEMORY`), which answers `parse_memory` and is
@@ -100,7 +102,9 @@ def answer(request: bytes, max_item_bytes: int) -> bytes:
     from hutch.services.parser.sitemaps import SitemapInvalid, SitemapTooLarge
 
     try:
-        page = json.loads(request)
+        head, _, text = request.partition(b"\n")
+        page = json.loads(head)
+        page["text"] = text.decode("utf-8")
         spec = Spec.model_validate(page["spec"]) if page["spec"] is not None else None
         links: bytes = b""
         if spec is not None and spec.follow and page.get("crawl") is not None:
@@ -133,6 +137,28 @@ def answer(request: bytes, max_item_bytes: int) -> bytes:
         if _libxml2_out_of_memory(exc):
             return _failure("parse_memory", "the worker's memory cap was reached inside libxml2")
         return _failure("parse_error", f"{type(exc).__name__}: {exc}")
+
+
+def request_bytes(
+    text: str,
+    url: str,
+    status: int,
+    spec: Spec | None,
+    crawl: CrawlBounds | None = None,
+    gzip_body: str | None = None,
+    content_type: str | None = None,
+) -> bytes:
+    """One page as a worker reads it (`answer`): a line of JSON, then the text as UTF-8 (JSON
+    never holds a raw newline, so the first one ends the line)."""
+    head = {
+        "url": url,
+        "status": status,
+        "spec": spec.model_dump() if spec else None,
+        "crawl": dataclasses.asdict(crawl) if crawl is not None else None,
+        "gzip_body": gzip_body,
+        "content_type": content_type,
+    }
+    return json.dumps(head, ensure_ascii=False).encode("utf-8") + b"\n" + text.encode("utf-8")
 
 
 def _links_json(links: list[str], max_bytes: int) -> bytes:
@@ -286,18 +312,7 @@ class ParsePool:
         """The item's fields and, for a crawl's page (`crawl` given, the spec with `follow:`),
         the links to offer; or `ParseFailed` with the reason. A crawl's gzip file comes as
         `gzip_body` (base64, `Page.gzip_body`) with the response's `content_type`."""
-        request = json.dumps(
-            {
-                "text": text,
-                "url": url,
-                "status": status,
-                "spec": spec.model_dump() if spec else None,
-                "crawl": dataclasses.asdict(crawl) if crawl is not None else None,
-                "gzip_body": gzip_body,
-                "content_type": content_type,
-            },
-            ensure_ascii=False,
-        ).encode("utf-8")
+        request = request_bytes(text, url, status, spec, crawl, gzip_body, content_type)
         slot = await self._idle.get()
         loop = asyncio.get_running_loop()
         done = self._threads.submit(slot.call, request)

@@ -43,6 +43,15 @@ async def test_a_page_extracts_in_a_worker_exactly_as_in_process(pool: ParsePool
     assert await pool.extract(PAGE, URL, 200, LINKS) == {"links": ["/1", "/2"]}
 
 
+async def test_a_pages_text_crosses_to_the_worker_whole_newlines_quotes_and_all(pool: ParsePool) -> None:
+    """The text follows the request's JSON line raw: a newline first, in it or last, quotes,
+    backslashes and characters beyond ASCII come out as they went in."""
+    title = 'Tea\n"pot" \\ \u00e9\u4e2d\U0001f375\n'
+    page = f"\n<html><head><title>{title}</title></head>\n<body>\r\n</body></html>\n"
+    spec = Spec(fields={"title": FieldRule(kind="css", expr="title::text")})
+    assert await pool.extract(page, URL, 200, spec) == extract(page, URL, 200, spec) == {"title": title.strip()}
+
+
 async def test_a_page_past_the_time_limit_fails_with_parse_timeout_and_its_worker_is_replaced(
     pool: ParsePool,
 ) -> None:
