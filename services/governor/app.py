@@ -105,6 +105,7 @@ from hutch.services.governor.lines import (
     paced,
     park_delay,
     park_slot,
+    return_room,
 )
 from hutch.services.governor.robots import RobotsCache
 from hutch.services.governor.status import select_domains
@@ -760,9 +761,14 @@ class Governor(Service):
         if state == "paused":
             await self._to_paused(task)
             return False
-        if line.blocked_until > now or len(jl.held) >= self._hold_limit(task.domain, line, task.job):
-            margin = RETURN_MARGIN if returned else PACE_MARGIN
-            exact = not paced(self.core.rate_of(task.domain), line.pace(now), margin)
+        margin = RETURN_MARGIN if returned else PACE_MARGIN
+        pace = line.pace(now)
+        exact = not paced(self.core.rate_of(task.domain), pace, margin)
+        limit = self._hold_limit(task.domain, line, task.job)
+        if returned and not exact:
+            assert pace is not None  # paced
+            limit += return_room(pace, self.settings.hold_horizon)
+        if line.blocked_until > now or len(jl.held) >= limit:
             await self._park(task, line, jl, self._park_delay(task.domain, line, task.job, now, margin), exact)
             return False
         return True

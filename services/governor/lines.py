@@ -26,6 +26,7 @@ RETURN_MARGIN = 1.5  # ...a task back from a park that finds its hold full, for 
 PACED_PARK_MAX = 30.0  # seconds: the longest park of a domain its pace, not its rate, holds back...
 PARK_BUDGET = 100.0  # ...or all it holds and parked over this: about this many such parks a second at most
 EXACT_LEAD = 1.0  # seconds before its turn an exactly timed park comes back (`park_slot`)
+RETURN_ROOM = 64  # tasks a paced domain may hold past its hold, when they come back from a park
 RATE_BOUND = 0.9  # a domain that released this share of its rate in a recent second is held back by its rate
 
 
@@ -67,6 +68,22 @@ def park_delay(
 def paced(rate: float, pace: float | None, margin: float) -> bool:
     """Whether a domain's parks are timed by its measured pace (with `margin`), not its rate."""
     return pace is not None and 0 < margin * pace < rate
+
+
+def return_room(pace: float, horizon: float) -> int:
+    """How many tasks back from a park a domain paced below its rate may hold past its hold
+    limit (`RETURN_ROOM`, at most its pace over `horizon` seconds, so that they wait held no
+    longer than the hold's own horizon).
+
+    Its parks are timed by its busiest recent second, about a fifth above its mean, so its
+    returns come early by design (the margins that keep it from idling): with a hold of
+    about one second of its pace, most found it full and were parked again, 352-411 a second
+    against 177-192 permits on small pages. Held a little longer instead, they are released
+    in their turn: 204-243 parked again, 7.10-7.53 ms of CPU a page against 7.64-7.93
+    (docs/benchmarks.md, seventh round). Not for a domain whose rate binds: its parks come
+    back exactly in time, and at a slow rate the room would be minutes of the shard's
+    window held by one domain."""
+    return max(0, min(RETURN_ROOM, math.ceil(pace * horizon)))
 
 
 def park_slot(

@@ -292,6 +292,35 @@ async def test_a_domain_left_idle_while_its_tasks_wait_parked_takes_them_back_ea
         standin.stop()
 
 
+async def test_a_domain_paced_below_its_rate_holds_its_returns_past_its_hold_instead_of_parking_them_again(
+    broker: Broker, start_governor: StartGovernor
+) -> None:
+    """A slow fleet paces the domain at about 20/s of its 1,000/s: its parks are timed by
+    that pace with a margin and come back early. Room past the hold takes them: the domain
+    holds more than its hold limit (on small pages, a park back to a full hold fell from
+    352-411 a second to 204-243, docs/benchmarks.md)."""
+    domain, count = "room.test", 300
+    await submit(broker, [make_task(domain, n) for n in range(count)])
+    standin = await SlowThenFast(broker, slow=0.05).start()
+    try:
+        governor = await start_governor(rate=1000.0, retry_delays=(1.0, 5.0, 30.0))
+        most = 0
+
+        def done() -> bool:
+            nonlocal most
+            line = governor.lines.get(domain)
+            if line is not None:
+                most = max(most, line.held_count())
+            return len({t.id for t in standin.of(domain)}) >= count
+
+        await wait_for(done, timeout=40)
+        limit = governor._hold_limit(domain, governor.lines[domain], "job")
+        assert most > limit, (most, limit)  # only tasks back from a park go past it
+        assert len(standin.of(domain)) == count  # each released once
+    finally:
+        standin.stop()
+
+
 async def test_two_jobs_on_one_domain_share_its_releases_by_weight(
     broker: Broker, start_governor: StartGovernor
 ) -> None:

@@ -9,12 +9,14 @@ from hutch.services.governor.lines import (
     PACED_PARK_MAX,
     PARK_BUDGET,
     RETURN_MARGIN,
+    RETURN_ROOM,
     DomainLine,
     JobLine,
     back_by,
     paced,
     park_delay,
     park_slot,
+    return_room,
 )
 
 NOW = 1_000.0
@@ -239,3 +241,10 @@ def test_a_domains_parks_out_are_the_queues_it_has_parks_due_back_in_after_a_mom
     assert d.parked_in[5.0] == NOW + 4.0
     assert d.parks_out(NOW + 0.5) == [20.0, 5.0]
     assert d.parks_out(NOW + 10.0) == [20.0]
+
+
+def test_a_paced_domain_may_hold_its_returns_past_its_hold_for_the_holds_horizon_at_most() -> None:
+    assert return_room(pace=60.0, horizon=5.0) == RETURN_ROOM
+    assert return_room(pace=2.0, horizon=5.0) == 10  # 5 s of its pace
+    assert return_room(pace=0.1, horizon=5.0) == 1
+    assert return_room(pace=0.0, horizon=5.0) == 0
