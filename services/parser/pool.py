@@ -139,25 +139,10 @@ def answer(request: bytes, max_item_bytes: int) -> bytes:
         return _failure("parse_error", f"{type(exc).__name__}: {exc}")
 
 
-def request_bytes(
-    text: str,
-    url: str,
-    status: int,
-    spec: Spec | None,
-    crawl: CrawlBounds | None = None,
-    gzip_body: str | None = None,
-    content_type: str | None = None,
-) -> bytes:
-    """One page as a worker reads it (`answer`): a line of JSON, then the text as UTF-8 (JSON
-    never holds a raw newline, so the first one ends the line)."""
-    head = {
-        "url": url,
-        "status": status,
-        "spec": spec.model_dump() if spec else None,
-        "crawl": dataclasses.asdict(crawl) if crawl is not None else None,
-        "gzip_body": gzip_body,
-        "content_type": content_type,
-    }
+def request_bytes(head: dict[str, Any], text: str) -> bytes:
+    """One page as a worker reads it (`answer`): `head` (everything but the text) as a line of
+    JSON, then the text as UTF-8 (JSON never holds a raw newline, so the first one ends the
+    line)."""
     return json.dumps(head, ensure_ascii=False).encode("utf-8") + b"\n" + text.encode("utf-8")
 
 
@@ -312,7 +297,15 @@ class ParsePool:
         """The item's fields and, for a crawl's page (`crawl` given, the spec with `follow:`),
         the links to offer; or `ParseFailed` with the reason. A crawl's gzip file comes as
         `gzip_body` (base64, `Page.gzip_body`) with the response's `content_type`."""
-        request = request_bytes(text, url, status, spec, crawl, gzip_body, content_type)
+        head = {
+            "url": url,
+            "status": status,
+            "spec": spec.model_dump() if spec else None,
+            "crawl": dataclasses.asdict(crawl) if crawl is not None else None,
+            "gzip_body": gzip_body,
+            "content_type": content_type,
+        }
+        request = request_bytes(head, text)
         slot = await self._idle.get()
         loop = asyncio.get_running_loop()
         done = self._threads.submit(slot.call, request)

@@ -235,9 +235,12 @@ def test_a_sitemap_that_is_not_well_formed_is_invalid_naming_the_line() -> None:
 
 def request(gzip_body: bytes | None, text: str = "", max_body_bytes: int = 5 * MIB) -> bytes:
     spec = Spec(fields={"title": FieldRule(kind="css", expr="title::text")}, follow=ANY)
-    crawl = CrawlBounds(domain="site.test", max_links=1000, max_url_bytes=8192, max_body_bytes=max_body_bytes)
-    gzipped = base64.b64encode(gzip_body).decode() if gzip_body is not None else None
-    return request_bytes(text, URL, 200, spec, crawl, gzipped, "application/x-gzip")
+    crawl = {"domain": "site.test", "max_links": 1000, "max_url_bytes": 8192, "max_body_bytes": max_body_bytes}
+    return request_bytes({
+        "url": URL, "status": 200, "spec": spec.model_dump(), "crawl": crawl,
+        "gzip_body": base64.b64encode(gzip_body).decode() if gzip_body is not None else None,
+        "content_type": "application/x-gzip",
+    }, text)  # fmt: skip
 
 
 def test_a_worker_answers_a_sitemap_with_its_item_and_its_urls_as_links() -> None:
