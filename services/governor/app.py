@@ -656,6 +656,8 @@ class Governor(Service):
     async def _recall_every(self, seconds: float) -> None:
         while True:
             await asyncio.sleep(seconds)
+            if self.stopping.is_set():  # its holds let go: every domain looks idle
+                continue
             try:
                 want, tiers, starved = self._starved(time.time())
                 if want:
@@ -668,8 +670,8 @@ class Governor(Service):
         expiry would (without their own expiration, which in a shard would drop them), and
         return how many. A domain's parks are timed by its pace, a guess: when the domains
         sharing the fetchers finish, its pace rises and its last tasks sat parked at the old
-        one, the fetchers idle (in one small-page run in four a domain waited 3-9 s,
-        docs/benchmarks.md). Only while the fleet has room, so it spends nothing a busy fleet
+        one, the fetchers idle (a domain waited 3-16 s in small-page runs, docs/benchmarks.md,
+        seventh round). Only while the fleet has room, so it spends nothing a busy fleet
         could use. A park queue holds every domain's parks in the order they were put in:
         what is taken for another domain is held or parked again where it arrives, and a
         queue is left once `RECALL_MISSES` in a row were others'. A crash between the copy's
