@@ -24,7 +24,6 @@ message another one is still moving. Every loop is bounded by the depth it read 
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Iterable
@@ -33,7 +32,7 @@ import aiormq
 from aiormq.abc import DeliveredMessage
 
 from hutch.admin import registered_domains
-from hutch.amqp import Broker, PublishFailed, copy_properties, queue_depth
+from hutch.amqp import Broker, PublishFailed, queue_depth
 from hutch.models import DecodeError, Task
 from hutch.topology import PREVIOUS_VERSIONS, Topology
 
@@ -192,23 +191,11 @@ async def _move(broker: Broker, queue: str, route: Route, expiring: bool = True)
                 batch.append(got)
             if not batch:
                 break
-
-            async def forward(message: DeliveredMessage) -> None:
-                exchange, key = route(message)
-                properties = copy_properties(message.header.properties)
-                if not expiring:
-                    properties.expiration = None
-                await broker.forward(exchange, key, message.body, properties)
-
             try:
-                await asyncio.gather(*(forward(m) for m in batch))
+                await broker.relay(underlay, batch, route, expiring)
             except PublishFailed as exc:
-                # Not acked: the unconfirmed ones go back with the channel (some may be in both
-                # places, which every consumer tolerates: at-least-once).
                 log.warning("moving %s stopped: %s; the rest stays there for the next start", queue, exc)
                 return moved
-            for message in batch:
-                await underlay.basic_ack(message.delivery_tag or 0)
             moved += len(batch)
         left = await queue_depth(underlay, queue)
         if left is not None and left[0] == 0:

@@ -690,15 +690,8 @@ class Governor(Service):
                     batch.append(got)
                     misses = 0 if self._parked_domain(got) in starved else misses + 1
 
-                async def back(message: aiormq.abc.DeliveredMessage) -> None:
-                    properties = copy_properties(message.header.properties)
-                    properties.expiration = None
-                    await self.broker.forward(topology.frontier, message.routing_key or "", message.body, properties)
-
                 # Unacked on a failure: the channel's close gives them back to their park queue.
-                await asyncio.gather(*(back(m) for m in batch))
-                for message in batch:
-                    await channel.basic_ack(message.delivery_tag or 0)
+                await self.broker.relay(channel, batch, lambda m: (topology.frontier, m.routing_key or ""), False)
                 taken += len(batch)
                 if taken >= want:
                     break
@@ -763,17 +756,20 @@ class Governor(Service):
         if state == "paused":
             await self._to_paused(task)
             return False
+        blocked, held = line.blocked_until > now, len(jl.held)
+        limit = self._hold_limit(task.domain, line, task.job)
+        if not blocked and held < limit:
+            return True
+        # Full (the pace is looked at only here, off the path of a task that is held).
         margin = RETURN_MARGIN if returned else PACE_MARGIN
         pace = line.pace(now)
         exact = not paced(self.core.rate_of(task.domain), pace, margin)
-        limit = self._hold_limit(task.domain, line, task.job)
-        if returned and not exact:
+        if not blocked and returned and not exact:
             assert pace is not None  # paced
-            limit += return_room(pace, self.settings.hold_horizon)
-        if line.blocked_until > now or len(jl.held) >= limit:
-            await self._park(task, line, jl, self._park_delay(task.domain, line, task.job, now, margin), exact)
-            return False
-        return True
+            if held < limit + return_room(pace, self.settings.hold_horizon):
+                return True
+        await self._park(task, line, jl, self._park_delay(task.domain, line, task.job, now, margin), exact)
+        return False
 
     async def _carry_out(self, task: Task, line: DomainLine, jl: JobLine, action: Action, value: Any) -> None:
         """What the scheduler decided for a held task."""

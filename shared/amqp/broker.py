@@ -15,7 +15,7 @@ import contextlib
 import datetime
 import logging
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar, cast
 
 import aiormq
@@ -31,7 +31,7 @@ from pydantic import BaseModel
 from yarl import URL
 
 from hutch import telemetry
-from hutch.amqp.consumer import Consumer, Delivery, Handler, _Consuming
+from hutch.amqp.consumer import Consumer, Delivery, Handler, _Consuming, copy_properties
 from hutch.amqp.transport import _Connection, transport_for
 from hutch.compression import pack, unpack
 from hutch.models import DecodeError, Model, decode, encode
@@ -306,6 +306,30 @@ class Broker:
         """Publish a received message again as it was (see `copy_properties`), confirmed and
         mandatory; raise PublishFailed if the broker does not take it."""
         await self._send(exchange, routing_key, body, properties, True)
+
+    async def relay(
+        self,
+        channel: aiormq.abc.AbstractChannel,
+        messages: Sequence[aiormq.abc.DeliveredMessage],
+        route: Callable[[aiormq.abc.DeliveredMessage], tuple[str, str]],
+        expiring: bool = True,
+    ) -> None:
+        """Publish again messages got from `channel` (`basic_get`), each to `route(message)` =
+        (exchange, key), all confirmed, then ack them on `channel`. Not `expiring`: without
+        their own expiration (a park's, which in a shard would drop it). PublishFailed leaves
+        them all unacked: closing `channel` gives them back to their queue, and those already
+        published are in both places (at-least-once, which every consumer tolerates)."""
+
+        async def one(message: aiormq.abc.DeliveredMessage) -> None:
+            exchange, key = route(message)
+            properties = copy_properties(message.header.properties)
+            if not expiring:
+                properties.expiration = None
+            await self.forward(exchange, key, message.body, properties)
+
+        await asyncio.gather(*(one(m) for m in messages))
+        for message in messages:
+            await channel.basic_ack(message.delivery_tag or 0)
 
     async def _send(
         self, exchange: str, routing_key: str, payload: bytes, properties: Basic.Properties, mandatory: bool
