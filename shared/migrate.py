@@ -33,7 +33,7 @@ from aiormq.abc import DeliveredMessage
 
 from hutch.admin import registered_domains
 from hutch.amqp import Broker, PublishFailed, queue_depth
-from hutch.models import DecodeError, Task
+from hutch.models import DecodeError, Parked, Task
 from hutch.topology import PREVIOUS_VERSIONS, Topology
 
 log = logging.getLogger(__name__)
@@ -148,10 +148,20 @@ async def _retire_bindings(broker: Broker) -> None:
     await _quietly(broker, lambda channel: channel.queue_unbind(topology.events_proxy, topology.events, "outcome.#"))
 
 
+def frontier_tasks(broker: Broker, message: DeliveredMessage) -> list[Task]:
+    """The tasks in a message got from a frontier, delay or park queue: one `Task`, or the
+    tasks of a `Parked` (by its message type); DecodeError if it is neither."""
+    properties = message.header.properties
+    if properties.message_type == f"hutch.{Parked.__name__}":
+        return broker.decode(message.body, properties.content_encoding, Parked).tasks
+    return [broker.decode(message.body, properties.content_encoding, Task)]
+
+
 def _task_key(broker: Broker, message: DeliveredMessage, topology: Topology) -> str:
-    """A task's routing key now: its domain's shard (a tier or an old queue may hold another)."""
+    """A task's routing key now: its domain's shard (a tier or an old queue may hold another;
+    a `Parked` holds one domain's tasks)."""
     try:
-        domain = broker.decode(message.body, message.header.properties.content_encoding, Task).domain
+        domain = frontier_tasks(broker, message)[0].domain
     except DecodeError:
         return message.routing_key or ""
     return topology.shard_key(domain)

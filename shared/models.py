@@ -65,6 +65,10 @@ class Model(BaseModel):
         """This message finished for good at `stage`, as the dead exchange takes it."""
         return DeadLetter.of(stage, reason, detail, about=self, queue=queue)
 
+    def dead_letters(self, stage: str, reason: str, detail: str = "", queue: str | None = None) -> list[DeadLetter]:
+        """The letters this message becomes: one, unless it carries many tasks (`Parked`)."""
+        return [self.dead_letter(stage, reason, detail, queue)]
+
     @staticmethod
     def undecodable_letter(stage: str, reason: str, detail: str, raw: bytes, queue: str | None = None) -> DeadLetter:
         """The letter of a body that is no message at all: kept raw."""
@@ -279,6 +283,33 @@ class Task(Model):
     def span_attributes(self) -> dict[str, str | int]:
         return {"hutch.job": self.job, "hutch.task.id": self.id, "hutch.domain": self.domain,
                 "hutch.attempt": self.attempts}
+
+
+MAX_PARKED = 256  # tasks in one park message, at most
+
+
+class Parked(Model):
+    """Tasks the governor parked together: one message instead of one per task.
+
+    Parks are most of a frontier's messages when a domain's backlog is larger than what the
+    governor holds: each task parked alone cost a publish, a delay queue, a dead-lettering and
+    a delivery, about two a small page (docs/benchmarks.md, eighth round). The governor
+    gathers the tasks it parks into the same delay queue, due back in the same second, for
+    the same domain, for a few milliseconds, and parks them as one of these. Back in a shard,
+    each task is held or parked again as if it came alone; the message is acked once every
+    one of them has been released, parked again or ended. It is dead only as a whole (a
+    governor that dies holding it every time, a body that does not decode): then each task
+    becomes a dead letter of its own (`dead_letters`), and a replay sends each back alone.
+    """
+
+    v: Literal[1] = 1
+    tasks: list[Task] = Field(min_length=1, max_length=MAX_PARKED)
+
+    def span_attributes(self) -> dict[str, str | int]:
+        return {"hutch.domain": self.tasks[0].domain, "hutch.parked": len(self.tasks)}
+
+    def dead_letters(self, stage: str, reason: str, detail: str = "", queue: str | None = None) -> list[DeadLetter]:
+        return [task.dead_letter(stage, reason, detail, queue) for task in self.tasks]
 
 
 MAX_SUBMISSION_URLS = 1000  # URLs in one intake message: a big file goes as many messages

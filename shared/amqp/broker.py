@@ -378,6 +378,7 @@ class Broker:
         dead_letter: bool = True,
         max_crashes: int | None = None,
         declare: bool = True,
+        also: dict[type[Model], Handler[Any]] | None = None,
     ) -> Consumer:
         """Consume `queue`, decoding each body as `model` and acking by the handler's outcome.
 
@@ -388,6 +389,8 @@ class Broker:
         up). `dead_letter=False` never publishes to the dead exchange: what would go dead is
         logged by its id and dropped (the ledger, which must not feed itself). `max_crashes`
         overrides the setting for a consumer whose redeliveries are mostly not crashes.
+        `also` maps other models the queue carries to their handlers: a message published as
+        one of them (its `message_type`, `hutch.<Model>`, which `publish` sets) goes there.
         """
         spec = queue if isinstance(queue, QueueSpec) else self.topology.queue(queue)
         channel = channel or await self.channel(prefetch)
@@ -400,6 +403,7 @@ class Broker:
             dead_letter=dead_letter,
             max_crashes=max_crashes or self.settings.max_crashes,
             max_failures=self.settings.max_failures,
+            also={f"hutch.{kind.__name__}": (kind, on) for kind, on in (also or {}).items()},
         )
 
         async def on_message(message: Delivery) -> None:
@@ -452,21 +456,22 @@ class Broker:
                 await self._crashed(message, how, span)
             return
         body = message.body
+        model, handler = how.pick(message)
         try:
             if message.content_encoding:
                 body = unpack(body, message.content_encoding, self.settings.inflate_limit)
-            payload = decode(body, how.model)
+            payload = decode(body, model)
         except DecodeError as exc:
             log.warning("undecodable message on %s: %s", how.queue, exc)
             # Kept inflated in the dead letter when it inflated, as it came otherwise.
             await self._dead_then_ack(message, how, "decode", str(exc), None, raw=body)
             return
-        model = payload if isinstance(payload, Model) else None
+        about = payload if isinstance(payload, Model) else None
         if not telemetry.enabled() and not telemetry.json_logs():  # the common case: nothing to add
-            await self._process(message, how, payload, trace.INVALID_SPAN)
+            await self._process(message, how, handler, payload, trace.INVALID_SPAN)
             return
-        with self._consumer_span(message, how, model) as span, telemetry.about(model):
-            await self._process(message, how, payload, span)
+        with self._consumer_span(message, how, about) as span, telemetry.about(about):
+            await self._process(message, how, handler, payload, span)
 
     def _consumer_span(
         self, message: Delivery, how: _Consuming, model: Model | None
@@ -488,9 +493,11 @@ class Broker:
             },
         )
 
-    async def _process(self, message: Delivery, how: _Consuming, payload: BaseModel, span: trace.Span) -> None:
+    async def _process(
+        self, message: Delivery, how: _Consuming, handler: Handler[Any], payload: BaseModel, span: trace.Span
+    ) -> None:
         try:
-            await how.handler(payload, message)
+            await handler(payload, message)
         except Dead as dead:
             span.set_attribute("hutch.outcome", f"dead:{dead.reason}")
             await self._dead_then_ack(message, how, dead.reason, dead.detail, dead.about or payload)
@@ -518,7 +525,7 @@ class Broker:
             log.error("%s: message %s crashed a consumer %d times; dead", how.queue, message.message_id, crashes)
             span.set_attribute("hutch.outcome", "dead:crashed")
             try:
-                payload: BaseModel | None = self.decode(message.body, message.content_encoding, how.model)
+                payload: BaseModel | None = self.decode(message.body, message.content_encoding, how.pick(message)[0])
             except DecodeError:
                 payload = None  # kept raw in the dead letter
             detail = f"a consumer at stage {how.stage} died holding it {crashes} times"
@@ -586,12 +593,12 @@ class Broker:
             await self._settle(message)
             return
         if isinstance(payload, Model):
-            letter = payload.dead_letter(how.stage, reason, detail, how.queue)
+            letters = payload.dead_letters(how.stage, reason, detail, how.queue)
         else:
             body = message.body if raw is None else raw
-            letter = Model.undecodable_letter(how.stage, reason, detail, body, how.queue)
+            letters = [Model.undecodable_letter(how.stage, reason, detail, body, how.queue)]
         try:
-            await self.publish_dead(letter)
+            await asyncio.gather(*(self.publish_dead(letter) for letter in letters))
         except PublishFailed as exc:
             log.warning("dead letter not confirmed (%s); message returned to the queue", exc)
             await self._requeue(message, how, backoff=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 
 import aiormq
@@ -139,6 +139,17 @@ class _Consuming:
     max_crashes: int
     max_failures: int
     infra_errors: int = 0  # in a row; a handled message resets it
+    # Other kinds of message the queue carries, by their `message_type` (`hutch.<Model>`):
+    # each with its model and handler. Anything else is decoded as `model`.
+    also: dict[str, tuple[type[BaseModel], Handler[Any]]] = field(default_factory=dict)
+
+    def pick(self, message: Delivery) -> tuple[type[BaseModel], Handler[Any]]:
+        """The model and the handler of this message, by its type."""
+        if self.also:
+            found = self.also.get(message.properties.message_type or "")
+            if found is not None:
+                return found
+        return self.model, self.handler
 
 
 class Consumer:

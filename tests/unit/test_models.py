@@ -7,6 +7,7 @@ import json
 import pytest
 
 from hutch.models import (
+    MAX_PARKED,
     SCHEMA_VERSION,
     AnyEvent,
     Attempt,
@@ -19,6 +20,7 @@ from hutch.models import (
     Lease,
     LeaseRequest,
     Page,
+    Parked,
     Permit,
     Spec,
     Task,
@@ -95,6 +97,26 @@ def test_a_minimal_task_survives_encode_and_decode() -> None:
 def test_every_message_kind_survives_encode_and_decode(message: object) -> None:
     assert isinstance(message, (Page, Item, DeadLetter, Event, LeaseRequest, Lease))
     assert decode(encode(message), type(message)) == message
+
+
+def test_parked_tasks_survive_encode_and_decode_and_each_becomes_its_own_dead_letter() -> None:
+    tasks = [rich_task(), make_task(id=task_id("job-2", "http://example.com/b"), job="job-2")]
+    parked = Parked(tasks=tasks)
+    assert decode(encode(parked), Parked) == parked
+    letters = parked.dead_letters("governor", "crashed", "died 50 times", "frontier.s.0")
+    assert [letter.task for letter in letters] == tasks
+    assert {(letter.stage, letter.reason, letter.detail, letter.queue) for letter in letters} == {
+        ("governor", "crashed", "died 50 times", "frontier.s.0")
+    }
+    # Any other message is one letter, as before.
+    assert [letter.task for letter in tasks[0].dead_letters("fetch", "not_found")] == [tasks[0]]
+
+
+@pytest.mark.parametrize("count", [0, MAX_PARKED + 1])
+def test_a_parked_message_with_no_task_or_too_many_is_refused(count: int) -> None:
+    body = json.dumps({"v": 1, "tasks": [json.loads(encode(make_task())) for _ in range(count)]}).encode()
+    with pytest.raises(DecodeError, match="Parked"):
+        decode(body, Parked)
 
 
 def test_an_item_keeps_fields_whose_value_is_none() -> None:
