@@ -71,14 +71,16 @@ from aio_pika.abc import AbstractChannel, AbstractQueue
 
 from hutch.amqp import Broker, Dead, Delivery, PublishFailed, Requeue, copy_properties, declare_queue, queue_depth
 from hutch.metrics import Metric, by_label, gauge
-from hutch.migrate import migrate
+from hutch.migrate import frontier_tasks, migrate
 from hutch.models import (
+    MAX_PARKED,
     DecodeError,
     Event,
     EventBatch,
     FetcherHeartbeat,
     GovernorStatus,
     JobControl,
+    Parked,
     Rescued,
     RobotsFetched,
     StatusRequest,
@@ -100,6 +102,7 @@ from hutch.services.governor.lines import (
     Held,
     JobLine,
     JobState,
+    ParkBundle,
     back_by,
     let_go,
     paced,
@@ -136,6 +139,7 @@ CATCH_UP_LIMIT = 30.0  # longest wait for the released log before releasing anyw
 RECALL_EVERY = 0.5  # seconds between two looks for a domain idle while its tasks wait parked
 RECALL_MAX = 256  # parks taken back early in one look, at most
 RECALL_MISSES = 32  # ...and from one park queue, no more once this many in a row were others' parks
+PARK_GATHER = 0.02  # seconds a park waits for others of its domain, queue and second (one `Parked`)
 
 
 def governor_id() -> str:
@@ -187,12 +191,20 @@ class Governor(Service):
         await asyncio.gather(
             *(
                 self.broker.consume(
-                    spec, Task, self._on_task, stage="governor", channel=channel, max_crashes=SHARD_MAX_CRASHES
+                    spec,
+                    Task,
+                    self._on_task,
+                    stage="governor",
+                    channel=channel,
+                    max_crashes=SHARD_MAX_CRASHES,
+                    also={Parked: self._on_parked},
                 )
                 for spec, channel in zip(topology.shard_queues, self.shard_channels, strict=True)
             )
         )
-        await self.broker.consume(topology.unrouted, Task, self._on_unrouted, stage="governor", prefetch=64)
+        await self.broker.consume(
+            topology.unrouted, Task, self._on_unrouted, stage="governor", prefetch=64, also={Parked: self._on_unrouted}
+        )
         if any(job.state != "running" for job in self.jobs.values()):
             self._sort_paused()
         log.info(
@@ -260,6 +272,9 @@ class Governor(Service):
         self._lag = [0.0, 0]  # outcome events: sum of their delays on arrival, and their count
         self._releases: list[Event] = []  # released events not yet published
         self._parks = 0  # tasks parked, and released, since the start (for the log)
+        self._park_messages = 0  # ...and the messages they were parked in (`Parked`)
+        # Parks being gathered: (park queue's delay, second due back, domain) -> its bundle.
+        self._bundles: dict[tuple[float, int, str], ParkBundle] = {}
         self._returns = [0, 0]  # tasks back from a park since the start, and those parked again at once
         self._recalled = 0  # parks taken back early since the start (`_recall`)
         # Park queue (by delay) -> when the last park put in it expires (`park_slot`). Until
@@ -548,11 +563,12 @@ class Governor(Service):
 
     # -- the frontier ------------------------------------------------------------------
 
-    async def _on_unrouted(self, task: Task, message: Delivery) -> None:
-        """A task under a key no shard is bound to (an older topology's, or another shard
-        count's): published again under its shard's key."""
+    async def _on_unrouted(self, task: Task | Parked, message: Delivery) -> None:
+        """A task (or parked tasks) under a key no shard is bound to (an older topology's, or
+        another shard count's): published again under its shard's key."""
         topology = self.broker.topology
-        await self.broker.publish(topology.frontier, topology.shard_key(task.domain), task)
+        domain = task.tasks[0].domain if isinstance(task, Parked) else task.domain
+        await self.broker.publish(topology.frontier, topology.shard_key(domain), task)
 
     def _line(self, domain: str) -> DomainLine:
         line = self.lines.get(domain)
@@ -611,32 +627,65 @@ class Governor(Service):
                 await channel.close()
 
     async def _park(self, task: Task, line: DomainLine, job: JobLine, delay: float, exact: bool = True) -> None:
-        topology = self.broker.topology
+        """Park `task` for about `delay` seconds (`park_slot`): returned once the broker has
+        it, in a `Parked` with the other parks of its domain due back from the same park queue
+        in the same second, gathered for `PARK_GATHER` seconds."""
         now = time.time()
-        tier, away = park_slot(topology.delays, self._park_heads, now, delay, exact)
+        tier, away = park_slot(self.broker.topology.delays, self._park_heads, now, delay, exact)
         back = back_by(now, away)
         job.returns[back] = job.returns.get(back, 0) + 1  # before the await: the next park counts it
         line.parked_at(tier, now + away)
+        key = (tier, back, task.domain)
+        bundle = self._bundles.get(key)
+        if bundle is None:
+            bundle = self._bundles[key] = ParkBundle(tier, away, back, asyncio.get_running_loop().create_future())
+            asyncio.get_running_loop().call_later(PARK_GATHER, self._send_parks, key, bundle)
+        bundle.add(task, away)
+        if len(bundle.tasks) >= MAX_PARKED:
+            self._send_parks(key, bundle)
         try:
-            await self.broker.publish(
-                topology.park_exchange(tier),
-                topology.shard_key(task.domain),
-                task,
-                headers={PARKED_HEADER: back},
-                expiration=None if away == tier else away,
-            )
+            await asyncio.shield(bundle.sent)
         except BaseException:
             job.returns[back] -= 1
             raise
         self._parks += 1
 
+    def _send_parks(self, key: tuple[float, int, str], bundle: ParkBundle) -> None:
+        """Publish a gathered bundle of parks (once): alone, a task goes as itself."""
+        if self._bundles.get(key) is bundle:
+            del self._bundles[key]
+        if bundle.sending:
+            return
+        bundle.sending = True
+        self._spawn(self._publish_parks(bundle))
+
+    async def _publish_parks(self, bundle: ParkBundle) -> None:
+        topology = self.broker.topology
+        body: Task | Parked = bundle.tasks[0] if len(bundle.tasks) == 1 else Parked(tasks=bundle.tasks)
+        try:
+            await self.broker.publish(
+                topology.park_exchange(bundle.tier),
+                topology.shard_key(bundle.tasks[0].domain),
+                body,
+                headers={PARKED_HEADER: bundle.back},
+                expiration=None if bundle.away == bundle.tier else bundle.away,
+            )
+        except asyncio.CancelledError:
+            bundle.sent.cancel()
+            raise
+        except Exception as exc:
+            bundle.sent.set_exception(exc)
+        else:
+            bundle.sent.set_result(None)
+            self._park_messages += 1
+
     def _starved(self, now: float) -> tuple[int, list[float], set[str]]:
         """How many parks to take back early, from which park queues (longest first), for
-        which domains: those idle for want of their own parked tasks (`DomainLine.starved`)
-        while the fleet has room. None while the fleet is full: then an idle domain costs
-        nothing, and its tasks come back at their time."""
-        if not self.core.capacity_free(now):
-            return 0, [], set()
+        which domains: those idle for want of their own parked tasks (`DomainLine.starved`).
+        Also while the fleet is full: the idle domain's share went to the others meanwhile,
+        but its own work was late, and when the others finished it was left with a long
+        tail (a small-page run ended 1.6-1.8 s after its median domain, against 0.1-0.2,
+        docs/benchmarks.md, eighth round). Taking parks back costs a publish per `Parked`."""
         want, tiers, starved = 0, set[float](), set[str]()
         for domain, line in self.lines.items():
             if not line.parked_in or not line.starved(now, self.core.rate_of(domain)):
@@ -678,21 +727,22 @@ class Governor(Service):
         confirm and the ack leaves a task twice in the frontier, as a park's own would."""
         topology = self.broker.topology
         channel = await self.broker.raw_channel()
-        taken = 0
+        taken = 0  # tasks (a `Parked` holds many)
         try:
             for tier in tiers:
                 batch: list[aiormq.abc.DeliveredMessage] = []
                 misses = 0
-                while taken + len(batch) < want and misses < RECALL_MISSES:
+                while taken < want and misses < RECALL_MISSES:
                     got = await channel.basic_get(topology.park_exchange(tier), no_ack=False)
                     if got.delivery_tag is None:  # Basic.GetEmpty
                         break
                     batch.append(got)
-                    misses = 0 if self._parked_domain(got) in starved else misses + 1
+                    tasks = self._parked_tasks(got)
+                    taken += max(len(tasks), 1)
+                    misses = 0 if tasks and tasks[0].domain in starved else misses + 1
 
                 # Unacked on a failure: the channel's close gives them back to their park queue.
                 await self.broker.relay(channel, batch, lambda m: (topology.frontier, m.routing_key or ""), False)
-                taken += len(batch)
                 if taken >= want:
                     break
         finally:
@@ -702,14 +752,44 @@ class Governor(Service):
             log.debug("%d parks taken back early for %d idle domains", taken, len(starved))
         return taken
 
-    def _parked_domain(self, message: aiormq.abc.DeliveredMessage) -> str | None:
+    def _parked_tasks(self, message: aiormq.abc.DeliveredMessage) -> list[Task]:
+        """The tasks in a park (none if it does not decode: it is moved all the same)."""
         try:
-            return self.broker.decode(message.body, message.header.properties.content_encoding, Task).domain
+            return frontier_tasks(self.broker, message)
         except DecodeError:
-            return None
+            return []
 
     async def _to_paused(self, task: Task) -> None:
         await self.broker.publish("", self.broker.topology.paused, task)
+
+    async def _on_parked(self, parked: Parked, message: Delivery) -> None:
+        """Tasks parked together, back in their shard: each is held or parked again as if it
+        came alone, and the message is acked (by the layer, once this returns) when every
+        one of them has been released, parked again or ended. A task whose job was cancelled
+        becomes a dead letter of its own, and one to return goes back to its shard alone. A
+        failure to pass any of them on returns the whole message: the tasks already released
+        are released again, which the fetcher's question to the store and the store's
+        once-only commit absorb (at-least-once, as a governor's crash already was)."""
+        if self.stopping.is_set():
+            raise Requeue("stopping", backoff=False)
+        outcomes = await asyncio.gather(
+            *(self._on_task(task, message) for task in parked.tasks), return_exceptions=True
+        )
+        topology = self.broker.topology
+        failure: BaseException | None = None
+        for task, outcome in zip(parked.tasks, outcomes, strict=True):
+            if isinstance(outcome, asyncio.CancelledError):
+                raise outcome
+            if isinstance(outcome, Dead):
+                queue = topology.shard_queue(topology.shard_of(task.domain)).name
+                about = outcome.about or task
+                await self.broker.publish_dead(about.dead_letter("governor", outcome.reason, outcome.detail, queue))
+            elif isinstance(outcome, Requeue) and not message.channel_closed:  # closed: all of it comes back
+                await self.broker.publish(topology.frontier, topology.shard_key(task.domain), task)
+            elif isinstance(outcome, BaseException):
+                failure = failure or outcome
+        if failure is not None:
+            raise failure
 
     async def _on_task(self, task: Task, message: Delivery) -> None:
         if self.stopping.is_set():
@@ -1022,7 +1102,7 @@ class Governor(Service):
 
     async def _report(self, every: float = 10.0) -> None:
         """One log line now and then: how fast permits go out and what holds the rest back."""
-        last = parks = recalled = 0
+        last = parks = messages = recalled = 0
         returns = [0, 0]
         while True:
             await asyncio.sleep(every)
@@ -1033,13 +1113,14 @@ class Governor(Service):
             slots, _, in_flight = self.core.fleet(time.time())
             back, again = (now - before for now, before in zip(self._returns, returns, strict=True))
             log.info(
-                "%.0f permits/s; %d domains, %d tasks held, %.0f parked/s (%.0f/s back from a park, "
+                "%.0f permits/s; %d domains, %d tasks held, %.0f parked/s in %.0f messages/s (%.0f/s back from a park, "
                 "%.0f/s of them parked again at once, %.0f/s taken back early for an idle domain); "
                 "%d in flight of %d; outcomes heard %.0f ms after the fact",
                 (released - last) / every,
                 len(self.lines),
                 held,
                 (self._parks - parks) / every,
+                (self._park_messages - messages) / every,
                 back / every,
                 again / every,
                 (self._recalled - recalled) / every,
@@ -1048,6 +1129,7 @@ class Governor(Service):
                 1000 * lag_sum / lag_n if lag_n else 0.0,
             )
             last, parks, returns, recalled = released, self._parks, list(self._returns), self._recalled
+            messages = self._park_messages
 
     async def _flush_releases_every(self, seconds: float) -> None:
         while True:

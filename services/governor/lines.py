@@ -160,6 +160,24 @@ class Held:
 
 
 @dataclass
+class ParkBundle:
+    """Parks being gathered into one message (`Parked`): one domain's, into one park queue
+    (`tier`), due back in one whole second (`back`). It expires as its earliest park would
+    (`away`); `sent` is done when the broker has it."""
+
+    tier: float
+    away: float
+    back: int
+    sent: asyncio.Future[None]
+    tasks: list[Task] = field(default_factory=list)
+    sending: bool = False
+
+    def add(self, task: Task, away: float) -> None:
+        self.tasks.append(task)
+        self.away = min(self.away, away)
+
+
+@dataclass
 class JobLine:
     """One job's tasks in one domain: held here, and (an estimate) parked in the tiers."""
 

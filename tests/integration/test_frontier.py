@@ -17,15 +17,16 @@ from typing import Any
 
 import pytest
 from aio_pika.abc import AbstractIncomingMessage
+from pamqp.commands import Basic
 
 from hutch.amqp import Broker, Delivery
-from hutch.models import Event, EventBatch, FetcherHeartbeat, JobControl, Task, decode, task_id
+from hutch.models import DeadLetter, Event, EventBatch, FetcherHeartbeat, JobControl, Parked, Task, decode, task_id
 from hutch.services.governor.app import Governor
 from hutch.services.governor.lines import PACE_MARGIN, RETURN_MARGIN
 from hutch.settings import Settings
 from hutch.topology import event_key
 
-from .test_amqp import get_one
+from .test_amqp import depth, get_one
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -319,6 +320,89 @@ async def test_a_domain_paced_below_its_rate_holds_its_returns_past_its_hold_ins
         assert len(standin.of(domain)) == count  # each released once
     finally:
         standin.stop()
+
+
+async def test_tasks_parked_together_go_out_as_one_message_and_each_is_released_once(
+    broker: Broker, start_governor: StartGovernor
+) -> None:
+    """A backlog past the hold is parked, and parked again when it comes back early: each
+    domain's parks into one park queue, due back in one second, go out as one `Parked`
+    message. Every task is still released, each once."""
+    domain, count = "bundled.test", 400
+    await submit(broker, [make_task(domain, n) for n in range(count)])
+    standin = await StandIn(broker).start()
+    governor = await start_governor(rate=50.0)
+    await wait_for(lambda: len(standin.of(domain)) >= count, timeout=40)
+    assert governor._parks >= 300, governor._parks  # 64 held, the rest parked, some twice
+    # One by one, as many messages as tasks parked.
+    assert governor._park_messages * 5 <= governor._parks, (governor._park_messages, governor._parks)
+    ids = [t.id for t in standin.of(domain)]
+    assert sorted(ids) == sorted({make_task(domain, n).id for n in range(count)})  # each once
+    await asyncio.sleep(1.0)
+    assert len(standin.of(domain)) == count
+
+
+async def test_parked_tasks_of_a_cancelled_job_each_end_dead_and_the_others_in_the_message_are_released(
+    broker: Broker, start_governor: StartGovernor
+) -> None:
+    """A `Parked` back in its shard is handled task by task: those of a cancelled job become
+    one dead letter each, with their task; the others are released."""
+    topology = broker.topology
+    await broker.publish("", topology.jobs, JobControl(job="gone", action="cancel"))
+    domain = "mixed.test"
+    gone = [make_task(domain, n, "gone") for n in range(3)]
+    kept = [make_task(domain, n, "kept") for n in range(3)]
+    standin = await StandIn(broker).start()
+    await start_governor(rate=100.0)
+    await broker.publish(topology.frontier, topology.shard_key(domain), Parked(tasks=[*gone, *kept]))
+    await wait_for(lambda: len(standin.of(domain)) >= len(kept), timeout=15)
+    assert sorted(t.id for t in standin.of(domain)) == sorted(t.id for t in kept)
+    letters = [decode((await get_one(broker, topology.dlq, timeout=10)).body, DeadLetter) for _ in gone]
+    assert sorted((letter.task.id if letter.task else "") for letter in letters) == sorted(t.id for t in gone)
+    assert {(letter.stage, letter.reason) for letter in letters} == {("governor", "cancelled")}
+    await asyncio.sleep(0.5)
+    assert await depth(broker, topology.dlq) == 0  # nothing else went dead
+
+
+async def test_a_governor_stopped_holding_parked_tasks_gives_the_message_back_whole_and_none_is_lost(
+    broker: Broker, start_governor: StartGovernor
+) -> None:
+    """At 2 tasks a second, a `Parked` of 20 is held while its first tasks are released. A
+    governor stopped then gives the whole message back to its shard; the next one releases
+    every task (those released before, again: at-least-once, absorbed by the store)."""
+    topology = broker.topology
+    domain = "held.test"
+    tasks = [make_task(domain, n) for n in range(20)]
+    standin = await StandIn(broker).start()
+    first = await start_governor()
+    await broker.publish(topology.frontier, topology.shard_key(domain), Parked(tasks=tasks))
+    await wait_for(lambda: len(standin.of(domain)) >= 2, timeout=15)
+    await stop_governor(first)
+    before = {t.id for t in standin.of(domain)}
+    assert len(before) < len(tasks)
+    await start_governor(rate=100.0)
+    await wait_for(lambda: {t.id for t in standin.of(domain)} == {t.id for t in tasks}, timeout=30)
+
+
+async def test_a_parked_message_that_does_not_decode_ends_as_one_dead_letter_with_its_body(
+    broker: Broker, start_governor: StartGovernor
+) -> None:
+    topology = broker.topology
+    await start_governor()
+    body = b'{"v": 1, "tasks": []}'  # a Parked holds at least one task
+    channel = await broker.raw_channel()
+    try:
+        await channel.basic_publish(
+            body,
+            exchange=topology.frontier,
+            routing_key=topology.shard_key("poison.test"),
+            properties=Basic.Properties(message_type="hutch.Parked", delivery_mode=2),
+        )
+    finally:
+        await channel.close()
+    letter = decode((await get_one(broker, topology.dlq, timeout=10)).body, DeadLetter)
+    assert (letter.stage, letter.reason, letter.task, letter.raw) == ("governor", "decode", None, body.decode())
+    assert "Parked" in letter.detail
 
 
 async def test_two_jobs_on_one_domain_share_its_releases_by_weight(

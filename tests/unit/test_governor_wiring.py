@@ -10,6 +10,7 @@ import asyncio
 import collections
 import contextlib
 import itertools
+import time
 from collections.abc import AsyncIterator
 
 import pytest
@@ -97,3 +98,23 @@ async def test_a_robots_task_given_back_takes_no_share_of_its_domain_from_the_jo
     line.jobs["k"] = JobLine(held=collections.deque([Held(task(2, domain), delivery(), 0.0,
                                                           asyncio.get_running_loop().create_future())]))
     assert g._share(domain, line, "j") == pytest.approx(g.core.rate_of(domain) / 2)
+
+
+async def test_a_domain_idle_for_want_of_its_parks_gets_them_back_even_while_the_fleet_is_full(
+    governor: tuple[Governor, RecordingBroker],
+) -> None:
+    """Taking parks back costs a publish per `Parked`: it no longer waits for the fleet to
+    have room, which left a domain parked long in its first seconds with a tail of its own
+    when the others finished."""
+    g, _ = governor
+    await heartbeat(g, 1)
+    await asyncio.wait_for(g._on_task(task(1, "a.example"), delivery()), 5)  # the one slot in use
+    now = time.time()
+    assert not g.core.capacity_free(now)
+    line = g._line("b.example")
+    line.jobs["j"] = JobLine(returns={int(now) + 20: 30})
+    line.parked_at(30.0, now + 20)
+    assert g._starved(now) == (30, [30.0], {"b.example"})
+    # A domain that holds a task is not idle, whatever it has parked.
+    line.jobs["j"].held.append(Held(task(2, "b.example"), delivery(), now, asyncio.get_running_loop().create_future()))
+    assert g._starved(now) == (0, [], set())
