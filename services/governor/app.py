@@ -140,6 +140,10 @@ RECALL_EVERY = 0.5  # seconds between two looks for a domain idle while its task
 RECALL_MAX = 256  # parks taken back early in one look, at most
 RECALL_MISSES = 32  # ...and from one park queue, no more once this many in a row were others' parks
 PARK_GATHER = 0.02  # seconds a park waits for others of its domain, queue and second (one `Parked`)
+# Tasks of `Parked` messages a governor may hold unacked, per message its shards' windows
+# allow: a `Parked` is acked when its last task is released, so without a bound a window of
+# 256 messages could keep 256 x 256 tasks of each shard in memory.
+PINNED_PER_SLOT = 4
 
 
 def governor_id() -> str:
@@ -275,6 +279,9 @@ class Governor(Service):
         self._park_messages = 0  # ...and the messages they were parked in (`Parked`)
         # Parks being gathered: (park queue's delay, second due back, domain) -> its bundle.
         self._bundles: dict[tuple[float, int, str], ParkBundle] = {}
+        self._pinned = 0  # tasks of the `Parked` messages being handled (unacked)
+        self._pinned_max = s.frontier_shards * s.frontier_window * PINNED_PER_SLOT
+        self._deflected = 0  # `Parked` messages sent back to a park queue whole (`_on_parked`)
         self._returns = [0, 0]  # tasks back from a park since the start, and those parked again at once
         self._recalled = 0  # parks taken back early since the start (`_recall`)
         # Park queue (by delay) -> when the last park put in it expires (`park_slot`). Until
@@ -772,10 +779,27 @@ class Governor(Service):
         once-only commit absorb (at-least-once, as a governor's crash already was)."""
         if self.stopping.is_set():
             raise Requeue("stopping", backoff=False)
-        outcomes = await asyncio.gather(
-            *(self._on_task(task, message) for task in parked.tasks), return_exceptions=True
-        )
         topology = self.broker.topology
+        count = len(parked.tasks)
+        if self._pinned and self._pinned + count > self._pinned_max:
+            # Its tasks would stay in memory until the last of them is released: back to the
+            # shortest park queue whole, for when the messages handled now are done.
+            delay = topology.delays[0]
+            await self.broker.publish(
+                topology.park_exchange(delay),
+                topology.shard_key(parked.tasks[0].domain),
+                parked,
+                headers={PARKED_HEADER: back_by(time.time(), delay)},
+            )
+            self._deflected += 1
+            return
+        self._pinned += count
+        try:
+            outcomes = await asyncio.gather(
+                *(self._on_task(task, message) for task in parked.tasks), return_exceptions=True
+            )
+        finally:
+            self._pinned -= count
         failure: BaseException | None = None
         for task, outcome in zip(parked.tasks, outcomes, strict=True):
             if isinstance(outcome, asyncio.CancelledError):

@@ -384,6 +384,25 @@ async def test_a_governor_stopped_holding_parked_tasks_gives_the_message_back_wh
     await wait_for(lambda: {t.id for t in standin.of(domain)} == {t.id for t in tasks}, timeout=30)
 
 
+async def test_parked_messages_past_the_governors_bound_wait_in_a_park_queue_and_none_is_lost(
+    broker: Broker, start_governor: StartGovernor
+) -> None:
+    """A `Parked` stays unacked until its last task is released, so the tasks of those
+    being handled are bounded (shards x window x `PINNED_PER_SLOT`, here 1 x 2 x 4 = 8):
+    one that would go past it is sent back to a park queue whole, and comes back later."""
+    topology = broker.topology
+    domain = "pinned.test"
+    tasks = [make_task(domain, n) for n in range(10)]
+    standin = await StandIn(broker).start()
+    governor = await start_governor(frontier_window=2)  # 2 tasks a second: the first 5 stay held a while
+    await broker.publish(topology.frontier, topology.shard_key(domain), Parked(tasks=tasks[:5]))
+    await wait_for(lambda: len(standin.of(domain)) >= 1, timeout=15)
+    await broker.publish(topology.frontier, topology.shard_key(domain), Parked(tasks=tasks[5:]))
+    await wait_for(lambda: governor._deflected > 0, timeout=10)
+    await wait_for(lambda: {t.id for t in standin.of(domain)} == {t.id for t in tasks}, timeout=30)
+    assert len(standin.of(domain)) == len(tasks)  # each once
+
+
 async def test_a_parked_message_that_does_not_decode_ends_as_one_dead_letter_with_its_body(
     broker: Broker, start_governor: StartGovernor
 ) -> None:
