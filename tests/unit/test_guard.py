@@ -11,7 +11,7 @@ import ipaddress
 
 import pytest
 
-from hutch.services.fetcher.guard import ForbiddenTarget, TargetGuard, why_forbidden
+from hutch.services.fetcher.guard import ForbiddenTarget, GuardedBackend, KeptSocketStream, TargetGuard, why_forbidden
 
 
 def reason(text: str) -> str | None:
@@ -65,3 +65,44 @@ def test_the_guard_refuses_a_6to4_literal_in_a_url_host() -> None:
 def test_an_allowlisted_host_port_passes_whatever_it_resolves_to() -> None:
     guard = TargetGuard(allowed=["intranet.test:8080"], overrides={("intranet.test", 8080): "2002:a00:1::1"})
     assert asyncio.run(guard.check("intranet.test", 8080)) == ["2002:a00:1::1"]
+
+
+def test_a_guarded_connection_says_it_is_readable_only_once_the_server_has_sent_or_closed() -> None:
+    """httpcore asks this of every idle pooled connection before each request; the answer
+    comes from a poll of the socket kept at connect, and must still be right."""
+
+    async def scenario() -> list[bool]:
+        closing = asyncio.Event()
+        seen: list[bool] = []
+
+        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await reader.readexactly(4)
+            writer.write(b"pong")
+            await writer.drain()
+            await closing.wait()
+            writer.close()
+
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        guard = TargetGuard(allowed=[f"127.0.0.1:{port}"])
+        stream = await GuardedBackend(guard).connect_tcp("127.0.0.1", port, timeout=5)
+        assert isinstance(stream, KeptSocketStream)
+        assert stream.get_extra_info("socket") is stream.socket is not None
+        assert stream.get_extra_info("server_addr") == ("127.0.0.1", port)  # asked of the stream below
+        seen.append(stream.get_extra_info("is_readable"))  # idle, nothing sent
+        await stream.write(b"ping")
+        assert await stream.read(4, timeout=5) == b"pong"
+        seen.append(stream.get_extra_info("is_readable"))  # read all there was
+        closing.set()
+        for _ in range(100):  # the server's close arrives
+            if stream.get_extra_info("is_readable"):
+                break
+            await asyncio.sleep(0.01)
+        seen.append(stream.get_extra_info("is_readable"))
+        await stream.aclose()
+        seen.append(stream.get_extra_info("is_readable"))  # closed here
+        server.close()
+        await server.wait_closed()
+        return seen
+
+    assert asyncio.run(scenario()) == [False, False, True, True]
