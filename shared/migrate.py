@@ -32,7 +32,7 @@ import aiormq
 from aiormq.abc import DeliveredMessage
 
 from hutch.admin import registered_domains
-from hutch.amqp import Broker, PublishFailed, queue_depth
+from hutch.amqp import Broker, PublishFailed, message_type, queue_depth
 from hutch.models import DecodeError, Parked, Task
 from hutch.topology import PREVIOUS_VERSIONS, Topology
 
@@ -152,7 +152,7 @@ def frontier_tasks(broker: Broker, message: DeliveredMessage) -> list[Task]:
     """The tasks in a message got from a frontier, delay or park queue: one `Task`, or the
     tasks of a `Parked` (by its message type); DecodeError if it is neither."""
     properties = message.header.properties
-    if properties.message_type == f"hutch.{Parked.__name__}":
+    if properties.message_type == message_type(Parked.__name__):
         return broker.decode(message.body, properties.content_encoding, Parked).tasks
     return [broker.decode(message.body, properties.content_encoding, Task)]
 

@@ -305,8 +305,13 @@ class Parked(Model):
     v: Literal[1] = 1
     tasks: list[Task] = Field(min_length=1, max_length=MAX_PARKED)
 
+    @property
+    def domain(self) -> str:
+        """The domain of its tasks (the governor parks one domain's tasks together)."""
+        return self.tasks[0].domain
+
     def span_attributes(self) -> dict[str, str | int]:
-        return {"hutch.domain": self.tasks[0].domain, "hutch.parked": len(self.tasks)}
+        return {"hutch.domain": self.domain, "hutch.parked": len(self.tasks)}
 
     def dead_letters(self, stage: str, reason: str, detail: str = "", queue: str | None = None) -> list[DeadLetter]:
         return [task.dead_letter(stage, reason, detail, queue) for task in self.tasks]

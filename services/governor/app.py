@@ -574,8 +574,7 @@ class Governor(Service):
         """A task (or parked tasks) under a key no shard is bound to (an older topology's, or
         another shard count's): published again under its shard's key."""
         topology = self.broker.topology
-        domain = task.tasks[0].domain if isinstance(task, Parked) else task.domain
-        await self.broker.publish(topology.frontier, topology.shard_key(domain), task)
+        await self.broker.publish(topology.frontier, topology.shard_key(task.domain), task)
 
     def _line(self, domain: str) -> DomainLine:
         line = self.lines.get(domain)
@@ -727,8 +726,7 @@ class Governor(Service):
         return how many. A domain's parks are timed by its pace, a guess: when the domains
         sharing the fetchers finish, its pace rises and its last tasks sat parked at the old
         one, the fetchers idle (a domain waited 3-16 s in small-page runs, docs/benchmarks.md,
-        seventh round). Only while the fleet has room, so it spends nothing a busy fleet
-        could use. A park queue holds every domain's parks in the order they were put in:
+        seventh round). A park queue holds every domain's parks in the order they were put in:
         what is taken for another domain is held or parked again where it arrives, and a
         queue is left once `RECALL_MISSES` in a row were others'. A crash between the copy's
         confirm and the ack leaves a task twice in the frontier, as a park's own would."""
@@ -787,7 +785,7 @@ class Governor(Service):
             delay = topology.delays[0]
             await self.broker.publish(
                 topology.park_exchange(delay),
-                topology.shard_key(parked.tasks[0].domain),
+                topology.shard_key(parked.domain),
                 parked,
                 headers={PARKED_HEADER: back_by(time.time(), delay)},
             )

@@ -49,7 +49,7 @@ from hutch.amqp.broker import (
     queue_depth,
     topology_for,
 )
-from hutch.amqp.consumer import CRASHES, FAILURES, Consumer, Delivery, Handler, copy_properties
+from hutch.amqp.consumer import CRASHES, FAILURES, Consumer, Delivery, Handler, copy_properties, message_type
 from hutch.amqp.rpc import RpcClient, serve_rpc
 
 __all__ = [
@@ -69,6 +69,7 @@ __all__ = [
     "copy_properties",
     "declare_queue",
     "infra_backoff",
+    "message_type",
     "queue_depth",
     "serve_rpc",
     "topology_for",

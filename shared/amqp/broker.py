@@ -31,7 +31,7 @@ from pydantic import BaseModel
 from yarl import URL
 
 from hutch import telemetry
-from hutch.amqp.consumer import Consumer, Delivery, Handler, _Consuming, copy_properties
+from hutch.amqp.consumer import Consumer, Delivery, Handler, _Consuming, copy_properties, message_type
 from hutch.amqp.transport import _Connection, transport_for
 from hutch.compression import pack, unpack
 from hutch.models import DecodeError, Model, decode, encode
@@ -265,7 +265,7 @@ class Broker:
         properties = Basic.Properties(
             content_type="application/json",
             content_encoding=encoding,
-            message_type=f"hutch.{kind}",
+            message_type=message_type(kind),
             message_id=uuid.uuid4().hex,
             timestamp=datetime.datetime.now(datetime.UTC),
             headers=all_headers,
@@ -403,7 +403,7 @@ class Broker:
             dead_letter=dead_letter,
             max_crashes=max_crashes or self.settings.max_crashes,
             max_failures=self.settings.max_failures,
-            also={f"hutch.{kind.__name__}": (kind, on) for kind, on in (also or {}).items()},
+            also={message_type(kind.__name__): (kind, on) for kind, on in (also or {}).items()},
         )
 
         async def on_message(message: Delivery) -> None:

@@ -35,6 +35,12 @@ FAILURES = "x-hutch-failures"  # header: times a handler raised on this message
 _DEATH_HEADERS = ("x-death", "x-first-death-", "x-last-death-")
 
 
+def message_type(kind: str) -> str:
+    """The AMQP `type` property `Broker.publish` gives a message of `kind` (a model's class
+    name, or `raw`), by which a consumer given other models (`also`) tells them apart."""
+    return f"hutch.{kind}"
+
+
 def _count(value: object) -> int:
     """A count header as an int; anything else (absent, forged, wrong type) is 0."""
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
