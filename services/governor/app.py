@@ -144,6 +144,7 @@ PARK_GATHER = 0.02  # seconds a park waits for others of its domain, queue and s
 # allow: a `Parked` is acked when its last task is released, so without a bound a window of
 # 256 messages could keep 256 x 256 tasks of each shard in memory.
 PINNED_PER_SLOT = 4
+SHARD_LOOK = 0.5  # seconds between two looks at how many tasks wait in each frontier shard
 
 
 def governor_id() -> str:
@@ -180,6 +181,7 @@ class Governor(Service):
         self._loops = [
             asyncio.create_task(self._poll_ready_depth()),
             asyncio.create_task(self._poll_depths()),
+            asyncio.create_task(self._look_at_shards()),
             asyncio.create_task(self._tick()),
             asyncio.create_task(self._report()),
             asyncio.create_task(self._recall_every(RECALL_EVERY)),
@@ -281,6 +283,11 @@ class Governor(Service):
         self._bundles: dict[tuple[float, int, str], ParkBundle] = {}
         self._pinned = 0  # tasks of the `Parked` messages being handled (unacked)
         self._pinned_max = s.frontier_shards * s.frontier_window * PINNED_PER_SLOT
+        # Shard -> messages ready in it at the last look (`_look_at_shards`), and the messages
+        # of it this governor holds unacked now: a shard with nothing behind them needs no park.
+        self._shard_ready: dict[int, int] = {}
+        self._in_window: collections.Counter[int] = collections.Counter()
+        self._kept = 0  # tasks held past their hold, their shard having nothing behind them
         self._deflected = 0  # `Parked` messages sent back to a park queue whole (`_on_parked`)
         self._returns = [0, 0]  # tasks back from a park since the start, and those parked again at once
         self._recalled = 0  # parks taken back early since the start (`_recall`)
@@ -792,12 +799,15 @@ class Governor(Service):
             self._deflected += 1
             return
         self._pinned += count
+        shard = topology.shard_of(parked.domain)
+        self._in_window[shard] += 1
         try:
             outcomes = await asyncio.gather(
-                *(self._on_task(task, message) for task in parked.tasks), return_exceptions=True
+                *(self._take(task, message) for task in parked.tasks), return_exceptions=True
             )
         finally:
             self._pinned -= count
+            self._in_window[shard] -= 1
         failure: BaseException | None = None
         for task, outcome in zip(parked.tasks, outcomes, strict=True):
             if isinstance(outcome, asyncio.CancelledError):
@@ -814,6 +824,16 @@ class Governor(Service):
             raise failure
 
     async def _on_task(self, task: Task, message: Delivery) -> None:
+        """A task from a shard: one message of the shard's window until it is released,
+        parked or ended (the layer acks it when this returns)."""
+        shard = self.broker.topology.shard_of(task.domain)
+        self._in_window[shard] += 1
+        try:
+            await self._take(task, message)
+        finally:
+            self._in_window[shard] -= 1
+
+    async def _take(self, task: Task, message: Delivery) -> None:
         if self.stopping.is_set():
             raise Requeue("stopping", backoff=False)
         if self._stale(task):  # rescued meanwhile: the new copy is in the frontier
@@ -862,6 +882,9 @@ class Governor(Service):
         limit = self._hold_limit(task.domain, line, task.job)
         if not blocked and held < limit:
             return True
+        if not blocked and self._nothing_behind(task.domain):
+            self._kept += 1
+            return True
         # Full (the pace is looked at only here, off the path of a task that is held).
         margin = RETURN_MARGIN if returned else PACE_MARGIN
         pace = line.pace(now)
@@ -872,6 +895,46 @@ class Governor(Service):
                 return True
         await self._park(task, line, jl, self._park_delay(task.domain, line, task.job, now, margin), exact)
         return False
+
+    def _nothing_behind(self, domain: str) -> bool:
+        """Whether a task of `domain` past its hold may stay held rather than be parked: its
+        shard had no task waiting at the last look, and this governor holds fewer than half
+        of the shard's window of its messages.
+
+        A park is how the governor looks past one domain's backlog to the domains behind it
+        in the shard: the window is a few hundred messages, the backlog may be millions.
+        With nothing behind, a park only sends the task away to have it back, and tasks
+        back early found their hold full and went away again: on small pages 504-635 of
+        the 767-834 tasks a second back from a park, against 236-300 permits
+        (docs/benchmarks.md, ninth round). The half of the window left free still takes
+        what comes into the shard before the next look, and parks it as before once its
+        tasks pass the hold. A task in a `Parked` message takes no slot of its own."""
+        shard = self.broker.topology.shard_of(domain)
+        if self._shard_ready.get(shard, 1) > 0:
+            return False
+        return self._in_window[shard] < self.settings.frontier_window // 2
+
+    async def _look_at_shards(self) -> None:
+        """Read how many tasks wait in each frontier shard, every `SHARD_LOOK` seconds."""
+        topology = self.broker.topology
+        channel: aiormq.abc.AbstractChannel | None = None
+        try:
+            while True:
+                for shard, spec in enumerate(topology.shard_queues):
+                    if channel is None or channel.is_closed:  # a failed look closes it, so does a reconnect
+                        channel = None
+                        with contextlib.suppress(Exception):
+                            channel = await self.broker.raw_channel()
+                    found = None if channel is None else await queue_depth(channel, spec.name)
+                    if found is None:
+                        self._shard_ready.pop(shard, None)  # unknown: parks as before
+                    else:
+                        self._shard_ready[shard] = found[0]
+                await asyncio.sleep(SHARD_LOOK)
+        finally:
+            if channel is not None:
+                with contextlib.suppress(Exception):
+                    await channel.close()
 
     async def _carry_out(self, task: Task, line: DomainLine, jl: JobLine, action: Action, value: Any) -> None:
         """What the scheduler decided for a held task."""
@@ -1124,7 +1187,7 @@ class Governor(Service):
 
     async def _report(self, every: float = 10.0) -> None:
         """One log line now and then: how fast permits go out and what holds the rest back."""
-        last = parks = messages = recalled = 0
+        last = parks = messages = recalled = kept = 0
         returns = [0, 0]
         while True:
             await asyncio.sleep(every)
@@ -1136,7 +1199,8 @@ class Governor(Service):
             back, again = (now - before for now, before in zip(self._returns, returns, strict=True))
             log.info(
                 "%.0f permits/s; %d domains, %d tasks held, %.0f parked/s in %.0f messages/s (%.0f/s back from a park, "
-                "%.0f/s of them parked again at once, %.0f/s taken back early for an idle domain); "
+                "%.0f/s of them parked again at once, %.0f/s taken back early for an idle domain; "
+                "%.0f/s held past the hold, nothing behind them in their shard); "
                 "%d in flight of %d; outcomes heard %.0f ms after the fact",
                 (released - last) / every,
                 len(self.lines),
@@ -1146,12 +1210,13 @@ class Governor(Service):
                 back / every,
                 again / every,
                 (self._recalled - recalled) / every,
+                (self._kept - kept) / every,
                 in_flight,
                 slots,
                 1000 * lag_sum / lag_n if lag_n else 0.0,
             )
             last, parks, returns, recalled = released, self._parks, list(self._returns), self._recalled
-            messages = self._park_messages
+            messages, kept = self._park_messages, self._kept
 
     async def _flush_releases_every(self, seconds: float) -> None:
         while True:

@@ -190,7 +190,10 @@ async def test_a_task_back_from_a_park_to_a_full_hold_is_parked_again_at_the_ret
 ) -> None:
     """At 50/s with 400 tasks, 64 are held and the rest parked; tiers are whole seconds, so
     some come back before the hold has room and are parked again: those, and only those,
-    are counted at `RETURN_MARGIN` times the pace."""
+    are counted at `RETURN_MARGIN` times the pace. As in a shard where other domains' tasks
+    always wait (here the shard empties once the backlog is parked, and a task back to a
+    full hold would stay held: the next test)."""
+    monkeypatch.setattr(Governor, "_nothing_behind", lambda self, domain: False)
     margins: list[float] = []
     park_delay = Governor._park_delay
 
@@ -207,6 +210,43 @@ async def test_a_task_back_from_a_park_to_a_full_hold_is_parked_again_at_the_ret
     assert again > 0, "no task came back to a full hold"
     assert margins.count(RETURN_MARGIN) == again
     assert margins.count(PACE_MARGIN) == governor._parks - again
+
+
+async def test_a_domain_alone_in_its_shard_holds_what_comes_back_from_a_park_instead_of_parking_it_again(
+    broker: Broker, start_governor: StartGovernor
+) -> None:
+    """The test above without the stand-in for other domains: once the backlog past the
+    hold is parked, nothing waits in the shard, so a task back early to a full hold stays
+    held (a park would only send it away to have it back). Every task is released once."""
+    await submit(broker, [make_task(BIG, n) for n in range(400)])
+    standin = await StandIn(broker).start()
+    governor = await start_governor(rate=50.0)
+    await wait_for(lambda: len(standin.of(BIG)) >= 400, timeout=40)
+    assert governor._parks >= 300, governor._parks  # the first pass: 64 held, the rest parked
+    assert governor._kept > 0
+    assert governor._returns[1] <= 0.1 * governor._returns[0], governor._returns
+    assert sorted(t.id for t in standin.of(BIG)) == sorted({make_task(BIG, n).id for n in range(400)})
+    await asyncio.sleep(1.0)
+    assert len(standin.of(BIG)) == 400
+
+
+async def test_tasks_that_come_into_a_shard_while_a_domain_holds_past_its_hold_are_released_at_once(
+    broker: Broker, start_governor: StartGovernor
+) -> None:
+    """A domain holding its returns past its hold leaves half of its shard's window free,
+    and the next look at the shard sees what came in: other domains submitted then are
+    released at once, not after the backlog."""
+    await submit(broker, [make_task(BIG, n) for n in range(400)])
+    standin = await StandIn(broker).start()
+    governor = await start_governor(rate=50.0)
+    await wait_for(lambda: governor._kept > 0, timeout=20)
+    came = time.time()
+    await submit(broker, [make_task(domain, 0) for domain in SMALL])
+    await wait_for(lambda: all(standin.of(domain) for domain in SMALL), timeout=5)
+    last_small = max(t for domain in SMALL for t in standin.issued(domain))
+    assert last_small - came < 2.0, last_small - came
+    assert len(standin.of(BIG)) < 400  # the backlog was not through yet
+    await wait_for(lambda: len(standin.of(BIG)) >= 400, timeout=40)
 
 
 async def test_a_backlog_at_its_rate_is_parked_once_and_comes_back_when_its_turn_comes(
@@ -272,11 +312,13 @@ class SlowThenFast(StandIn):
 
 
 async def test_a_domain_left_idle_while_its_tasks_wait_parked_takes_them_back_early(
-    broker: Broker, start_governor: StartGovernor
+    broker: Broker, start_governor: StartGovernor, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A domain paced by a slow fleet has its backlog parked for up to 30 s. When the fleet
     gets room (the other domains finished, in a real job), its tasks are taken back from the
-    park queues early instead of leaving the fetchers idle until they expire."""
+    park queues early instead of leaving the fetchers idle until they expire. In a shard
+    where other domains' tasks wait (alone in it, what comes back would stay held)."""
+    monkeypatch.setattr(Governor, "_nothing_behind", lambda self, domain: False)
     domain, count = "recall.test", 300
     await submit(broker, [make_task(domain, n) for n in range(count)])
     standin = await SlowThenFast(broker, slow=0.2).start()
@@ -544,8 +586,11 @@ def said(record: logging.LogRecord) -> str:
 
 
 async def test_a_governor_stopped_while_busy_publishes_the_released_event_of_every_task_it_released(
-    broker: Broker, start_governor: StartGovernor, caplog: pytest.LogCaptureFixture
+    broker: Broker, start_governor: StartGovernor, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # Parking on and on, as in a shard where other domains' tasks always wait (alone, the
+    # backlog back from its first park would stay held).
+    monkeypatch.setattr(Governor, "_nothing_behind", lambda self, domain: False)
     governor, standin = await big_and_small(broker, start_governor)
     await wait_for(lambda: governor._parks >= 400, timeout=20)
     await stop_governor(governor)  # while it parks the backlog

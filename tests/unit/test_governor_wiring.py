@@ -118,3 +118,38 @@ async def test_a_domain_idle_for_want_of_its_parks_gets_them_back_even_while_the
     # A domain that holds a task is not idle, whatever it has parked.
     line.jobs["j"].held.append(Held(task(2, "b.example"), delivery(), now, asyncio.get_running_loop().create_future()))
     assert g._starved(now) == (0, [], set())
+
+
+def test_a_task_past_its_hold_stays_held_only_with_nothing_waiting_in_its_shard_and_half_the_window_free(
+    governor: tuple[Governor, RecordingBroker],
+) -> None:
+    g, broker = governor
+    domain = "alone.example"
+    shard = broker.topology.shard_of(domain)
+    window = g.settings.frontier_window
+    assert not g._nothing_behind(domain)  # not looked at yet: parked as before
+    g._shard_ready[shard] = 3
+    assert not g._nothing_behind(domain)  # tasks wait behind: a park is how they are reached
+    g._shard_ready[shard] = 0
+    assert g._nothing_behind(domain)
+    g._in_window[shard] = window // 2 - 1
+    assert g._nothing_behind(domain)
+    g._in_window[shard] = window // 2  # half the window kept free for what comes in next
+    assert not g._nothing_behind(domain)
+    other = next(d for d in (f"d{n}.example" for n in range(100)) if broker.topology.shard_of(d) != shard)
+    assert not g._nothing_behind(other)  # its own shard was not looked at
+
+
+async def test_a_message_from_a_shard_counts_in_its_window_until_its_task_is_released(
+    governor: tuple[Governor, RecordingBroker],
+) -> None:
+    g, broker = governor
+    await heartbeat(g, 0)  # no slot: the task stays held
+    domain = "window.example"
+    shard = broker.topology.shard_of(domain)
+    handling = asyncio.create_task(g._on_task(task(1, domain), delivery()))
+    await asyncio.sleep(0.2)
+    assert g._in_window[shard] == 1 and not handling.done()
+    await heartbeat(g, 1)
+    await asyncio.wait_for(handling, 5)
+    assert g._in_window[shard] == 0 and len(released(broker)) == 1
