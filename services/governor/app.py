@@ -144,6 +144,9 @@ PARK_GATHER = 0.02  # seconds a park waits for others of its domain, queue and s
 # allow: a `Parked` is acked when its last task is released, so without a bound a window of
 # 256 messages could keep 256 x 256 tasks of each shard in memory.
 PINNED_PER_SLOT = 4
+# Tasks past their hold stay held (nothing behind them in their shard) only while the `Parked`
+# messages being handled hold less than this share of that bound (2,048 tasks by default).
+KEEP_SHARE = 8
 SHARD_LOOK = 0.5  # seconds between two looks at how many tasks wait in each frontier shard
 
 
@@ -882,12 +885,12 @@ class Governor(Service):
         limit = self._hold_limit(task.domain, line, task.job)
         if not blocked and held < limit:
             return True
-        if not blocked and self._nothing_behind(task.domain):
+        # Full (the pace is looked at only here, off the path of a task that is held).
+        pace = line.pace(now)
+        if not blocked and held < limit + self._room_alone(pace, limit) and self._nothing_behind(task.domain):
             self._kept += 1
             return True
-        # Full (the pace is looked at only here, off the path of a task that is held).
         margin = RETURN_MARGIN if returned else PACE_MARGIN
-        pace = line.pace(now)
         exact = not paced(self.core.rate_of(task.domain), pace, margin)
         if not blocked and returned and not exact:
             assert pace is not None  # paced
@@ -896,10 +899,21 @@ class Governor(Service):
         await self._park(task, line, jl, self._park_delay(task.domain, line, task.job, now, margin), exact)
         return False
 
+    def _room_alone(self, pace: float | None, limit: int) -> int:
+        """How many tasks past its hold a domain with nothing behind it in its shard may
+        hold: what it drains over `HUTCH_HOLD_HORIZON` seconds at its measured pace (the
+        hold again while that is unknown). Parks come back faster than a paced domain drains
+        (the margins that keep it from idling), so without a bound its held tasks grew to
+        the bound on `Parked` memory on the 100,000-URL run (16,000 of them), and the parks
+        back past that bound went round the shortest park queue again and again."""
+        return math.ceil(pace * self.settings.hold_horizon) if pace else limit
+
     def _nothing_behind(self, domain: str) -> bool:
         """Whether a task of `domain` past its hold may stay held rather than be parked: its
-        shard had no task waiting at the last look, and this governor holds fewer than half
-        of the shard's window of its messages.
+        shard had no task waiting at the last look, this governor holds fewer than half of
+        the shard's window of its messages, and the `Parked` messages it handles hold less
+        than an eighth of their bound (`KEEP_SHARE`, 2,048 tasks by default): the 100,000-URL
+        run held 16,000 tasks with no such bound, and its governor's memory rose with them.
 
         A park is how the governor looks past one domain's backlog to the domains behind it
         in the shard: the window is a few hundred messages, the backlog may be millions.
@@ -910,7 +924,7 @@ class Governor(Service):
         what comes into the shard before the next look, and parks it as before once its
         tasks pass the hold. A task in a `Parked` message takes no slot of its own."""
         shard = self.broker.topology.shard_of(domain)
-        if self._shard_ready.get(shard, 1) > 0:
+        if self._shard_ready.get(shard, 1) > 0 or KEEP_SHARE * self._pinned >= self._pinned_max:
             return False
         return self._in_window[shard] < self.settings.frontier_window // 2
 

@@ -136,6 +136,15 @@ def test_a_task_past_its_hold_stays_held_only_with_nothing_waiting_in_its_shard_
     assert g._nothing_behind(domain)
     g._in_window[shard] = window // 2  # half the window kept free for what comes in next
     assert not g._nothing_behind(domain)
+    g._in_window[shard] = 0
+    g._pinned = g._pinned_max // 8  # a bound on the memory held past the holds
+    assert not g._nothing_behind(domain)
+    g._pinned = 0
+    assert g._nothing_behind(domain)
+    # Past the hold, at most the domain's pace over the hold's horizon (the hold again until
+    # its pace is known).
+    assert g.settings.hold_horizon == 5.0
+    assert g._room_alone(80.0, 64) == 400 and g._room_alone(None, 64) == 64
     other = next(d for d in (f"d{n}.example" for n in range(100)) if broker.topology.shard_of(d) != shard)
     assert not g._nothing_behind(other)  # its own shard was not looked at
 
