@@ -912,8 +912,8 @@ class Governor(Service):
         """Whether a task of `domain` past its hold may stay held rather than be parked: its
         shard had no task waiting at the last look, this governor holds fewer than half of
         the shard's window of its messages, and the `Parked` messages it handles hold less
-        than an eighth of their bound (`KEEP_SHARE`, 2,048 tasks by default): the 100,000-URL
-        run held 16,000 tasks with no such bound, and its governor's memory rose with them.
+        than an eighth of their bound (`KEEP_SHARE`, 2,048 tasks by default): with no such
+        bound the 100,000-URL run held 16,000 tasks (`_room_alone`).
 
         A park is how the governor looks past one domain's backlog to the domains behind it
         in the shard: the window is a few hundred messages, the backlog may be millions.
