@@ -1214,8 +1214,8 @@ class Governor(Service):
             log.info(
                 "%.0f permits/s; %d domains, %d tasks held, %.0f parked/s in %.0f messages/s (%.0f/s back from a park, "
                 "%.0f/s of them parked again at once, %.0f/s taken back early for an idle domain; "
-                "%.0f/s held past the hold, nothing behind them in their shard); "
-                "%d in flight of %d; outcomes heard %.0f ms after the fact",
+                "%.0f/s held past the hold, nothing behind them in their shard; %d tasks in the Parked "
+                "messages being handled); %d in flight of %d; outcomes heard %.0f ms after the fact",
                 (released - last) / every,
                 len(self.lines),
                 held,
@@ -1225,6 +1225,7 @@ class Governor(Service):
                 again / every,
                 (self._recalled - recalled) / every,
                 (self._kept - kept) / every,
+                self._pinned,
                 in_flight,
                 slots,
                 1000 * lag_sum / lag_n if lag_n else 0.0,
