@@ -929,7 +929,8 @@ class Governor(Service):
         return self._in_window[shard] < self.settings.frontier_window // 2
 
     async def _look_at_shards(self) -> None:
-        """Read how many tasks wait in each frontier shard, every `SHARD_LOOK` seconds."""
+        """Read how many tasks wait in each frontier shard, every `SHARD_LOOK` seconds (for
+        `_nothing_behind`, and summed for `hutch_queue_depth{queue="frontier"}`)."""
         topology = self.broker.topology
         channel: aiormq.abc.AbstractChannel | None = None
         try:
@@ -1128,9 +1129,9 @@ class Governor(Service):
                 found = await queue_depth(channel, name)
                 if found is not None:
                     depths[name.removeprefix(topology.prefix)] = found[0]
-            shards = [await queue_depth(channel, spec.name) for spec in topology.shard_queues]
-            if all(found is not None for found in shards):
-                depths["frontier"] = sum(found[0] for found in shards if found is not None)
+            # The shards' depths are read every `SHARD_LOOK` already (`_look_at_shards`).
+            if len(self._shard_ready) == len(topology.shard_queues):
+                depths["frontier"] = sum(self._shard_ready.values())
             self._depths = depths
             if channel.is_closed:  # a failed declare closes it, and so does a reconnect
                 with contextlib.suppress(Exception):
