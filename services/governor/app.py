@@ -784,7 +784,14 @@ class Governor(Service):
         becomes a dead letter of its own, and one to return goes back to its shard alone. A
         failure to pass any of them on returns the whole message: the tasks already released
         are released again, which the fetcher's question to the store and the store's
-        once-only commit absorb (at-least-once, as a governor's crash already was)."""
+        once-only commit absorb (at-least-once, as a governor's crash already was).
+
+        The message stays unacked until its last task is released, but a task released is
+        not kept for it: the list is emptied as the tasks are taken, so what stays in memory
+        is the body and the tasks still held (a decoded task with a spec is about 5 KB, and
+        the `Parked` messages being handled may hold 16,384 tasks). On a failure the list is
+        decoded again from the body, for the dead letters the layer makes of it at the end.
+        """
         if self.stopping.is_set():
             raise Requeue("stopping", backoff=False)
         topology = self.broker.topology
@@ -804,27 +811,35 @@ class Governor(Service):
         self._pinned += count
         shard = topology.shard_of(parked.domain)
         self._in_window[shard] += 1
+        taking = [self._take_parked(task, message) for task in parked.tasks]
+        parked.tasks.clear()
         try:
-            outcomes = await asyncio.gather(
-                *(self._take(task, message) for task in parked.tasks), return_exceptions=True
-            )
+            outcomes = await asyncio.gather(*taking, return_exceptions=True)
+            failures = [outcome for outcome in outcomes if isinstance(outcome, BaseException)]
+            failures.sort(key=lambda failure: not isinstance(failure, asyncio.CancelledError))
+            if failures:
+                raise failures[0]
+        except BaseException:
+            parked.tasks[:] = self.broker.decode(message.body, message.content_encoding, Parked).tasks
+            raise
         finally:
             self._pinned -= count
             self._in_window[shard] -= 1
-        failure: BaseException | None = None
-        for task, outcome in zip(parked.tasks, outcomes, strict=True):
-            if isinstance(outcome, asyncio.CancelledError):
-                raise outcome
-            if isinstance(outcome, Dead):
-                queue = topology.shard_queue(topology.shard_of(task.domain)).name
-                about = outcome.about or task
-                await self.broker.publish_dead(about.dead_letter("governor", outcome.reason, outcome.detail, queue))
-            elif isinstance(outcome, Requeue) and not message.channel_closed:  # closed: all of it comes back
-                await self.broker.publish(topology.frontier, topology.shard_key(task.domain), task)
-            elif isinstance(outcome, BaseException):
-                failure = failure or outcome
-        if failure is not None:
-            raise failure
+
+    async def _take_parked(self, task: Task, message: Delivery) -> None:
+        """One task of a `Parked`: taken as if it came alone; a dead one becomes a dead letter
+        of its own, and one to return goes back to its shard alone."""
+        topology = self.broker.topology
+        try:
+            await self._take(task, message)
+        except Dead as outcome:
+            queue = topology.shard_queue(topology.shard_of(task.domain)).name
+            about = outcome.about or task
+            await self.broker.publish_dead(about.dead_letter("governor", outcome.reason, outcome.detail, queue))
+        except Requeue:
+            if message.channel_closed:  # all of it comes back
+                raise
+            await self.broker.publish(topology.frontier, topology.shard_key(task.domain), task)
 
     async def _on_task(self, task: Task, message: Delivery) -> None:
         """A task from a shard: one message of the shard's window until it is released,

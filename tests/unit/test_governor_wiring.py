@@ -9,15 +9,17 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import gc
 import itertools
 import time
 from collections.abc import AsyncIterator
 
 import pytest
 
-from hutch.models import Event, FetcherHeartbeat, Task
+from hutch.amqp import PublishFailed
+from hutch.models import Event, FetcherHeartbeat, Parked, Task
 from hutch.services.governor.app import Governor
-from hutch.services.governor.lines import Held, JobLine
+from hutch.services.governor.lines import Held, JobLine, JobState
 from hutch.settings import Settings
 from hutch.topology import FETCH_KEY, HEARTBEAT, outcome_key
 
@@ -162,3 +164,51 @@ async def test_a_message_from_a_shard_counts_in_its_window_until_its_task_is_rel
     await heartbeat(g, 1)
     await asyncio.wait_for(handling, 5)
     assert g._in_window[shard] == 0 and len(released(broker)) == 1
+
+
+def unreleased(task_id: str) -> list[Task]:
+    """The copies of a task, without a permit, still in memory (a released copy has one)."""
+    gc.collect()
+    return [o for o in gc.get_objects() if isinstance(o, Task) and o.id == task_id and o.permit is None]
+
+
+async def test_a_parked_message_lets_go_of_each_task_once_it_is_released(
+    governor: tuple[Governor, RecordingBroker],
+) -> None:
+    """A `Parked` is acked only when its last task is released; the tasks released before
+    that are not kept in memory for it (one with a spec is about 5 KB)."""
+    g, broker = governor
+    await heartbeat(g, 1)  # one slot: the first task goes, the second waits
+    domain = "parked.example"
+    parked = Parked(tasks=[task(1, domain), task(2, domain)])
+    handling = asyncio.create_task(g._on_parked(parked, delivery(parked)))
+    for _ in range(50):
+        if released(broker):
+            break
+        await asyncio.sleep(0.05)
+    assert [t.id for t in released(broker)] == ["t1"] and not handling.done()
+    assert parked.tasks == [] and g._pinned == 2
+    assert unreleased("t1") == [] and len(unreleased("t2")) == 1
+    await heartbeat(g, 2)
+    await asyncio.wait_for(handling, 5)
+    assert [t.id for t in released(broker)] == ["t1", "t2"] and g._pinned == 0
+
+
+async def test_a_parked_message_that_fails_gets_its_tasks_back_for_the_dead_letters_at_the_end(
+    governor: tuple[Governor, RecordingBroker], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The layer makes one dead letter per task of a message that failed `max_failures`
+    times: a failure gives the message its tasks back, decoded from its body."""
+    g, broker = governor
+    g.jobs["gone"] = JobState(state="cancelled")
+
+    async def refused(*_: object) -> None:
+        raise PublishFailed("nacked")
+
+    monkeypatch.setattr(broker, "publish_dead", refused)
+    domain = "failing.example"
+    parked = Parked(tasks=[Task(id=f"g{n}", job="gone", url=f"http://{domain}/{n}", domain=domain) for n in range(3)])
+    with pytest.raises(PublishFailed):
+        await asyncio.wait_for(g._on_parked(parked, delivery(parked)), 5)
+    assert [t.id for t in parked.tasks] == ["g0", "g1", "g2"]
+    assert g._pinned == 0
