@@ -142,7 +142,9 @@ RECALL_MISSES = 32  # ...and from one park queue, no more once this many in a ro
 PARK_GATHER = 0.02  # seconds a park waits for others of its domain, queue and second (one `Parked`)
 # Tasks of `Parked` messages a governor may hold unacked, per message its shards' windows
 # allow: a `Parked` is acked when its last task is released, so without a bound a window of
-# 256 messages could keep 256 x 256 tasks of each shard in memory.
+# 256 messages could keep the bodies of 256 x 256 tasks of each shard in memory (a task is
+# let go once taken, but its message's body stays until the ack), and a crash would release
+# all of them again.
 PINNED_PER_SLOT = 4
 # Tasks past their hold stay held (nothing behind them in their shard) only while the `Parked`
 # messages being handled hold less than this share of that bound (2,048 tasks by default).
