@@ -32,7 +32,8 @@ The sandbox runs as a process of its own, ahead of the others in the scheduler, 
 not counted; the figures at the site are read from its access log. Where tcpdump can
 capture loopback (root), the worst second is counted by the kernel's stamp of each request
 (`bench/site_stamps.py`), with the sandbox's own count beside it: a busy sandbox stamps a
-request after reading it, up to 130 ms after it arrived.
+request after reading it, up to 130 ms after it arrived. Without a capture the run says so
+at its start (Debian: `apt-get install tcpdump`).
 """
 
 from __future__ import annotations
@@ -501,6 +502,9 @@ async def main() -> None:
         if node is not None:
             use_node(node.url, node.nodename)
             print(f"broker: a node of its own ({node.nodename}, port {node.port})", flush=True)
+        if not Capture.possible():
+            print("no loopback capture (it needs root and tcpdump): the worst second at the site is "
+                  "counted by the sandbox's stamps alone, which lag on a busy machine", flush=True)
         for shape in selected:
             runs = []
             for n in range(1 if shape.name.startswith("memory") else args.runs):
