@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import gc
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -448,6 +449,31 @@ async def test_parked_messages_past_the_governors_bound_wait_in_a_park_queue_and
     await wait_for(lambda: governor._deflected > 0, timeout=10)
     await wait_for(lambda: {t.id for t in standin.of(domain)} == {t.id for t in tasks}, timeout=30)
     assert len(standin.of(domain)) == len(tasks)  # each once
+
+
+async def test_a_governor_keeps_in_memory_only_the_tasks_of_a_parked_message_not_yet_released(
+    broker: Broker, start_governor: StartGovernor
+) -> None:
+    """A `Parked` stays unacked until its last task is released (here 2 a second), but the
+    governor lets go of each task it released: of the copies it decoded, only those still
+    held are in memory (this test's own tasks have no permit either, hence one copy each)."""
+    topology = broker.topology
+    domain = "letgo.test"
+    tasks = [make_task(domain, n) for n in range(10)]
+    ids = {t.id for t in tasks}
+    standin = await StandIn(broker).start()
+    await start_governor()
+    await broker.publish(topology.frontier, topology.shard_key(domain), Parked(tasks=tasks))
+    await wait_for(lambda: len(standin.of(domain)) >= 3, timeout=15)
+    gc.collect()
+    copies = collections.Counter(
+        o.id for o in gc.get_objects() if isinstance(o, Task) and o.id in ids and o.permit is None
+    )
+    released = {t.id for t in standin.of(domain)}
+    assert len(released) < len(tasks)  # the message is still being handled
+    assert all(copies[i] == 1 for i in released), copies  # this test's own copy alone
+    assert any(copies[i] == 2 for i in ids - released), copies  # a held one: the governor's copy is seen
+    await wait_for(lambda: {t.id for t in standin.of(domain)} == ids, timeout=30)
 
 
 async def test_a_parked_message_that_does_not_decode_ends_as_one_dead_letter_with_its_body(
