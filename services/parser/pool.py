@@ -13,18 +13,22 @@ its own: one `multiprocessing.Process` per slot, talking over a pipe.
   event loop and aio-pika's threads, and a fork of a threaded process can inherit a lock held
   by a thread that does not exist in the child. The forkserver is a fresh interpreter that has
   imported parsel and lxml once, so a replacement worker costs a fork, not an import.
-- Pages and answers cross the pipe as JSON (never pickle, like every message in Hutch). A
-  request is a line of JSON (everything but the page's text), then the text as UTF-8: a
-  ~100 KB page escaped into JSON and read back cost the parser 0.47 ms, as bytes 0.12
-  (`request_bytes`). The answer is the item's JSON itself, so the per-item byte cap is
-  measured on exactly what is stored, and `recv_bytes` refuses anything longer.
+- Pages and answers cross a socket pair as JSON (never pickle, like every message in Hutch),
+  each framed by its length (8 bytes, big-endian). A request is a line of JSON (everything but
+  the page's text), then the text as UTF-8: a ~100 KB page escaped into JSON and read back cost
+  the parser 0.47 ms, as bytes 0.12 (`request_bytes`). The answer is the item's JSON itself,
+  so the per-item byte cap is measured on exactly what is stored, and an answer longer than
+  the cap allows is refused before it is read.
 - A worker caps its own address space (`RLIMIT_AS`) at what it had at start plus
   `memory_bytes`: a page that would take more raises MemoryError in the worker (or, inside
   libxml2, a parser error logged as `ERR_NO_MEMORY`), which answers `parse_memory` and is
   replaced; a worker that dies any other way gives `parse_crash`.
-- Each call waits for its answer in a thread (`Connection.poll(timeout)`), so the event loop
-  never blocks on a pipe; slots go back to the idle queue only when that thread is done, even
-  if the awaiting task was cancelled.
+- The parent's end of each socket is non-blocking, on the service's event loop: a call
+  sends and waits for the answer without a thread (a thread per wait cost the parser a
+  hand-off and the GIL's switches on every page; docs/benchmarks.md, eleventh round). Each
+  call runs as a task of its own that gives its slot back only when the worker is really
+  free: a caller cancelled while its page is in a worker leaves the call to finish, and a
+  call itself cancelled kills the worker, so no answer is ever read by the wrong page.
 """
 
 from __future__ import annotations
@@ -39,9 +43,9 @@ import multiprocessing
 import os
 import resource
 import signal
-from concurrent.futures import ThreadPoolExecutor
+import socket
+import struct
 from dataclasses import dataclass
-from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import Any, Literal
 
@@ -171,18 +175,43 @@ def _failure(reason: Failure, detail: str) -> bytes:
     return json.dumps({"failure": reason, "detail": detail[:500]}).encode("utf-8")
 
 
-def _serve(conn: Connection, max_item_bytes: int, memory_bytes: int) -> None:
-    """A worker's life: answer requests until the pipe closes; exit after a MemoryError."""
+_LENGTH = struct.Struct("!Q")  # the length before each request and answer
+
+
+def frame(data: bytes) -> bytes:
+    """`data` as it crosses the socket: its length, then itself."""
+    return _LENGTH.pack(len(data)) + data
+
+
+def _read_exactly(sock: socket.socket, size: int) -> bytearray:
+    """`size` bytes from a blocking socket; EOFError if it closes first."""
+    data = bytearray(size)
+    view = memoryview(data)
+    got = 0
+    while got < size:
+        count = sock.recv_into(view[got:])
+        if count == 0:
+            raise EOFError("the socket closed")
+        got += count
+    return data
+
+
+def _serve(sock: socket.socket, max_item_bytes: int, memory_bytes: int) -> None:
+    """A worker's life: answer requests until the socket closes; exit after a MemoryError."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when workers stop
     _cap_memory(memory_bytes)
     while True:
         try:
-            request = conn.recv_bytes()
+            (size,) = _LENGTH.unpack(_read_exactly(sock, _LENGTH.size))
+            request = bytes(_read_exactly(sock, size))
         except (EOFError, OSError):
             return
         reply = answer(request, max_item_bytes)
-        conn.send_bytes(reply)
         del request
+        try:
+            sock.sendall(frame(reply))
+        except OSError:
+            return
         if reply.startswith(b'{"failure": "parse_memory"'):
             return
 
@@ -196,32 +225,44 @@ def _context() -> multiprocessing.context.ForkServerContext:
     return context
 
 
+class _AnswerTooLong(Exception):
+    """A worker announced an answer longer than any item it may send."""
+
+
 class _Slot:
-    """One worker process and the parent's end of its pipe; replaced in place when it fails."""
+    """One worker process and the parent's end of its socket; replaced in place when it fails.
+
+    Starting and stopping a worker block (the forkserver, `join`): they run in the loop's
+    default executor, and only while the slot is out of the idle queue."""
 
     def __init__(self, context: multiprocessing.context.ForkServerContext, limits: Limits) -> None:
         self.context = context
         self.limits = limits
         self.process: BaseProcess | None = None
-        self.conn: Connection | None = None
+        self.sock: socket.socket | None = None
         self.started = 0
+        self.spoiled = False  # its worker may still answer a page it no longer waits for
 
     def start(self) -> None:
-        parent, child = self.context.Pipe(duplex=True)
+        parent, child = socket.socketpair()
         process = self.context.Process(
             target=_serve,
             args=(child, self.limits.max_item_bytes, self.limits.memory_bytes),
             name="hutch-parse-worker",
             daemon=True,
         )
-        process.start()
-        child.close()
-        self.process, self.conn = process, parent
+        try:
+            process.start()
+        finally:
+            child.close()
+        parent.setblocking(False)
+        self.process, self.sock = process, parent
         self.started += 1
+        self.spoiled = False
 
     def stop(self, kill: bool) -> None:
-        if self.conn is not None:
-            self.conn.close()  # an idle worker reads EOF and exits
+        if self.sock is not None:
+            self.sock.close()  # an idle worker reads EOF and exits
         if self.process is not None:
             if kill:
                 self.process.kill()
@@ -229,32 +270,60 @@ class _Slot:
             if self.process.is_alive():
                 self.process.kill()
                 self.process.join(2.0)
-        self.process = self.conn = None
+        self.process = self.sock = None
 
     def replace(self) -> None:
         self.stop(kill=True)
         self.start()
 
-    def call(self, request: bytes) -> dict[str, Any]:
-        """Send one page, wait up to the time limit; runs in a thread, never on the loop."""
-        if self.process is None or not self.process.is_alive():
-            self.replace()  # died while idle: not this page's fault
-        assert self.conn is not None and self.process is not None
+    async def call(self, request: bytes) -> dict[str, Any]:
+        """Send one page, wait up to the time limit for the worker's answer."""
+        loop = asyncio.get_running_loop()
+        if self.spoiled or self.process is None or not self.process.is_alive():
+            # Died while idle, or left with a page not waited for: not this page's fault.
+            await loop.run_in_executor(None, self.replace)
+        assert self.sock is not None and self.process is not None
+        # The item and, for a crawl's page, its links: each at most max_item_bytes.
+        longest = 2 * self.limits.max_item_bytes + _ANSWER_SLACK
         try:
-            self.conn.send_bytes(request)
-            if not self.conn.poll(self.limits.timeout):
-                self.replace()
-                return {"failure": "parse_timeout", "detail": f"extraction passed {self.limits.timeout:g}s"}
-            # The item and, for a crawl's page, its links: each at most max_item_bytes.
-            found: dict[str, Any] = json.loads(self.conn.recv_bytes(2 * self.limits.max_item_bytes + _ANSWER_SLACK))
+            async with asyncio.timeout(self.limits.timeout):
+                await loop.sock_sendall(self.sock, frame(request))
+                found: dict[str, Any] = json.loads(await _receive(loop, self.sock, longest))
+        except TimeoutError:
+            await loop.run_in_executor(None, self.replace)
+            return {"failure": "parse_timeout", "detail": f"extraction passed {self.limits.timeout:g}s"}
+        except _AnswerTooLong as exc:
+            await loop.run_in_executor(None, self.replace)
+            return {"failure": "parse_crash", "detail": str(exc)}
         except (EOFError, OSError):
-            self.process.join(1.0)
-            code = self.process.exitcode
-            self.replace()
+            code = await loop.run_in_executor(None, self._exit_code)
+            await loop.run_in_executor(None, self.replace)
             return {"failure": "parse_crash", "detail": f"worker died (exit code {code})"}
         if found.get("failure") in REPLACE:
-            self.replace()
+            await loop.run_in_executor(None, self.replace)
         return found
+
+    def _exit_code(self) -> int | None:
+        assert self.process is not None
+        self.process.join(1.0)
+        return self.process.exitcode
+
+
+async def _receive(loop: asyncio.AbstractEventLoop, sock: socket.socket, longest: int) -> bytes:
+    """One framed answer from a non-blocking socket: most come whole in one read."""
+    data = bytearray()
+    size: int | None = None
+    while size is None or len(data) < _LENGTH.size + size:
+        want = 65536 if size is None else _LENGTH.size + size - len(data)
+        chunk = await loop.sock_recv(sock, want)
+        if not chunk:
+            raise EOFError("the worker's socket closed")
+        data += chunk
+        if size is None and len(data) >= _LENGTH.size:
+            (size,) = _LENGTH.unpack_from(data)
+            if size > longest:
+                raise _AnswerTooLong(f"the worker announced an answer of {size:,} bytes, over {longest:,}")
+    return bytes(data[_LENGTH.size :])
 
 
 class ParsePool:
@@ -264,13 +333,13 @@ class ParsePool:
         self.limits = limits
         self._context = _context()
         self._slots = [_Slot(self._context, limits) for _ in range(max(1, workers))]
-        self._threads = ThreadPoolExecutor(max_workers=len(self._slots), thread_name_prefix="parse-wait")
         self._idle: asyncio.Queue[_Slot] = asyncio.Queue()
+        self._calls: set[asyncio.Task[dict[str, Any]]] = set()
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         for slot in self._slots:
-            await loop.run_in_executor(self._threads, slot.start)
+            await loop.run_in_executor(None, slot.start)
             self._idle.put_nowait(slot)
 
     @property
@@ -307,20 +376,34 @@ class ParsePool:
         }
         request = request_bytes(head, text)
         slot = await self._idle.get()
-        loop = asyncio.get_running_loop()
-        done = self._threads.submit(slot.call, request)
-        # Back to the idle queue when the worker is really free, even if this task is cancelled.
-        done.add_done_callback(lambda _: loop.call_soon_threadsafe(self._idle.put_nowait, slot))
-        found = await asyncio.wrap_future(done)
+        call = asyncio.get_running_loop().create_task(self._call(slot, request))
+        self._calls.add(call)
+        call.add_done_callback(self._calls.discard)
+        # A caller cancelled here leaves the call to finish: its slot comes back only then.
+        found = await asyncio.shield(call)
         if "failure" in found:
             raise ParseFailed(found["failure"], str(found.get("detail", "")))
         fields: dict[str, Any] = found["fields"]
         links: list[str] | None = found.get("links")
         return fields, links
 
+    async def _call(self, slot: _Slot, request: bytes) -> dict[str, Any]:
+        try:
+            return await slot.call(request)
+        except BaseException:
+            # Cancelled (the loop stopping) or failed between send and answer: the worker may
+            # still answer this page, so it never serves another.
+            slot.spoiled = True
+            if slot.process is not None:
+                slot.process.kill()
+            raise
+        finally:
+            self._idle.put_nowait(slot)
+
     async def close(self) -> None:
+        """Let the pages in the workers finish (each within its time limit), then stop them."""
+        await asyncio.gather(*self._calls, return_exceptions=True)
         loop = asyncio.get_running_loop()
-        await loop.run_in_executor(None, self._threads.shutdown, True)
         for slot in self._slots:
             with contextlib.suppress(Exception):
-                slot.stop(kill=False)
+                await loop.run_in_executor(None, slot.stop, False)

@@ -25,6 +25,8 @@ QUADRATIC = Spec(fields={"q": FieldRule(kind="xpath", expr="//*[.=//*]")})
 DIVS = Spec(fields={"divs": FieldRule(kind="css", expr="div", many=True)})
 # 60,000 elements: `//*[.=//*]` runs for tens of seconds; the limit below is half a second.
 SLOW_PAGE = "<html><body>" + "".join(f"<i>aa{i}</i>" for i in range(60_000)) + "</body></html>"
+# 6,000 elements: the same expression runs for a few tenths of a second.
+MEDIUM_PAGE = "<html><body>" + "".join(f"<i>aa{i}</i>" for i in range(6_000)) + "</body></html>"
 DEEP_PAGE = "<html><body>" + "<div>x" * 1000 + "</div>" * 1000 + "</body></html>"
 
 
@@ -177,3 +179,60 @@ async def test_an_item_converted_by_its_schema_comes_back_converted(pool: ParseP
         item={"n": ItemField(type="integer", required=True)},
     )
     assert await pool.extract(PAGE, URL, 200, spec) == {"n": 1}
+
+
+async def test_a_caller_cancelled_while_its_page_is_in_the_worker_leaves_no_answer_for_the_next_page() -> None:
+    pool = ParsePool(1, Limits(timeout=5.0, max_item_bytes=1 << 20, memory_bytes=0))
+    await pool.start()
+    try:
+        cancelled = asyncio.ensure_future(pool.extract(MEDIUM_PAGE, URL, 200, QUADRATIC))
+        await asyncio.sleep(0.05)
+        cancelled.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await cancelled
+        # The one worker is still on the slow page: the next page waits for it, then gets
+        # its own answer, never the cancelled page's.
+        assert await pool.extract(PAGE, URL, 200, None) == extract(PAGE, URL, 200, None)
+        assert pool.replaced == 0
+    finally:
+        await pool.close()
+
+
+async def test_a_call_cancelled_inside_the_pool_kills_its_worker_so_a_late_answer_is_never_read() -> None:
+    pool = ParsePool(1, Limits(timeout=5.0, max_item_bytes=1 << 20, memory_bytes=0))
+    await pool.start()
+    try:
+        waiting = asyncio.ensure_future(pool.extract(SLOW_PAGE, URL, 200, QUADRATIC))
+        await asyncio.sleep(0.2)
+        (call,) = pool._calls
+        call.cancel()  # what the loop does to every task when the service stops
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        # Replaced before the next page: that page is served by a fresh worker.
+        assert (await pool.extract(PAGE, URL, 200, None))["title"] == "Teapot"
+        assert pool.replaced == 1
+    finally:
+        await pool.close()
+
+
+async def test_an_answer_announced_past_the_cap_is_refused_unread_and_its_worker_replaced() -> None:
+    pool = ParsePool(1, Limits(timeout=5.0, max_item_bytes=1 << 20, memory_bytes=0))
+    await pool.start()
+    try:
+        slot = pool._slots[0]
+        assert slot.sock is not None
+        # A worker's peer end that announces 1 TB: what a corrupted worker could send.
+        fake, peer = __import__("socket").socketpair()
+        real = slot.sock
+        slot.sock = fake
+        fake.setblocking(False)
+        peer.sendall((1 << 40).to_bytes(8, "big"))
+        with pytest.raises(ParseFailed) as failed:
+            await pool.extract(PAGE, URL, 200, None)
+        assert failed.value.reason == "parse_crash"
+        assert "1,099,511,627,776 bytes" in failed.value.detail
+        real.close()
+        peer.close()
+        assert (await pool.extract(PAGE, URL, 200, None))["title"] == "Teapot"
+    finally:
+        await pool.close()
