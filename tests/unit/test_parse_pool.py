@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 from collections.abc import AsyncIterator
 
 import pytest
@@ -33,6 +34,17 @@ DEEP_PAGE = "<html><body>" + "<div>x" * 1000 + "</div>" * 1000 + "</body></html>
 @pytest.fixture
 async def pool() -> AsyncIterator[ParsePool]:
     found = ParsePool(1, Limits(timeout=0.5, max_item_bytes=64 * 1024, memory_bytes=512 * 1024 * 1024))
+    await found.start()
+    try:
+        yield found
+    finally:
+        await found.close()
+
+
+@pytest.fixture
+async def patient() -> AsyncIterator[ParsePool]:
+    """One worker with time for a slow page, and no memory cap."""
+    found = ParsePool(1, Limits(timeout=5.0, max_item_bytes=1 << 20, memory_bytes=0))
     await found.start()
     try:
         yield found
@@ -181,58 +193,47 @@ async def test_an_item_converted_by_its_schema_comes_back_converted(pool: ParseP
     assert await pool.extract(PAGE, URL, 200, spec) == {"n": 1}
 
 
-async def test_a_caller_cancelled_while_its_page_is_in_the_worker_leaves_no_answer_for_the_next_page() -> None:
-    pool = ParsePool(1, Limits(timeout=5.0, max_item_bytes=1 << 20, memory_bytes=0))
-    await pool.start()
-    try:
-        cancelled = asyncio.ensure_future(pool.extract(MEDIUM_PAGE, URL, 200, QUADRATIC))
-        await asyncio.sleep(0.05)
-        cancelled.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await cancelled
-        # The one worker is still on the slow page: the next page waits for it, then gets
-        # its own answer, never the cancelled page's.
-        assert await pool.extract(PAGE, URL, 200, None) == extract(PAGE, URL, 200, None)
-        assert pool.replaced == 0
-    finally:
-        await pool.close()
+async def test_a_caller_cancelled_while_its_page_is_in_the_worker_leaves_no_answer_for_the_next_page(
+    patient: ParsePool,
+) -> None:
+    cancelled = asyncio.ensure_future(patient.extract(MEDIUM_PAGE, URL, 200, QUADRATIC))
+    await asyncio.sleep(0.05)
+    cancelled.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await cancelled
+    # The one worker is still on the slow page: the next page waits for it, then gets
+    # its own answer, never the cancelled page's.
+    assert await patient.extract(PAGE, URL, 200, None) == extract(PAGE, URL, 200, None)
+    assert patient.replaced == 0
 
 
-async def test_a_call_cancelled_inside_the_pool_kills_its_worker_so_a_late_answer_is_never_read() -> None:
-    pool = ParsePool(1, Limits(timeout=5.0, max_item_bytes=1 << 20, memory_bytes=0))
-    await pool.start()
-    try:
-        waiting = asyncio.ensure_future(pool.extract(SLOW_PAGE, URL, 200, QUADRATIC))
-        await asyncio.sleep(0.2)
-        (call,) = pool._calls
-        call.cancel()  # what the loop does to every task when the service stops
-        with pytest.raises(asyncio.CancelledError):
-            await waiting
-        # Replaced before the next page: that page is served by a fresh worker.
-        assert (await pool.extract(PAGE, URL, 200, None))["title"] == "Teapot"
-        assert pool.replaced == 1
-    finally:
-        await pool.close()
+async def test_a_call_cancelled_inside_the_pool_kills_its_worker_so_a_late_answer_is_never_read(
+    patient: ParsePool,
+) -> None:
+    waiting = asyncio.ensure_future(patient.extract(SLOW_PAGE, URL, 200, QUADRATIC))
+    await asyncio.sleep(0.2)
+    (call,) = patient._calls
+    call.cancel()  # what the loop does to every task when the service stops
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    # Replaced before the next page: that page is served by a fresh worker.
+    assert (await patient.extract(PAGE, URL, 200, None))["title"] == "Teapot"
+    assert patient.replaced == 1
 
 
-async def test_an_answer_announced_past_the_cap_is_refused_unread_and_its_worker_replaced() -> None:
-    pool = ParsePool(1, Limits(timeout=5.0, max_item_bytes=1 << 20, memory_bytes=0))
-    await pool.start()
-    try:
-        slot = pool._slots[0]
-        assert slot.sock is not None
-        # A worker's peer end that announces 1 TB: what a corrupted worker could send.
-        fake, peer = __import__("socket").socketpair()
-        real = slot.sock
-        slot.sock = fake
-        fake.setblocking(False)
-        peer.sendall((1 << 40).to_bytes(8, "big"))
-        with pytest.raises(ParseFailed) as failed:
-            await pool.extract(PAGE, URL, 200, None)
-        assert failed.value.reason == "parse_crash"
-        assert "1,099,511,627,776 bytes" in failed.value.detail
-        real.close()
-        peer.close()
-        assert (await pool.extract(PAGE, URL, 200, None))["title"] == "Teapot"
-    finally:
-        await pool.close()
+async def test_an_answer_announced_past_the_cap_is_refused_unread_and_its_worker_replaced(patient: ParsePool) -> None:
+    slot = patient._slots[0]
+    assert slot.sock is not None
+    # A worker's peer end that announces 1 TB: what a corrupted worker could send.
+    fake, peer = socket.socketpair()
+    real = slot.sock
+    slot.sock = fake
+    fake.setblocking(False)
+    peer.sendall((1 << 40).to_bytes(8, "big"))
+    with pytest.raises(ParseFailed) as failed:
+        await patient.extract(PAGE, URL, 200, None)
+    assert failed.value.reason == "parse_crash"
+    assert "1,099,511,627,776 bytes" in failed.value.detail
+    real.close()
+    peer.close()
+    assert (await patient.extract(PAGE, URL, 200, None))["title"] == "Teapot"
