@@ -10,12 +10,13 @@ when set, goes in the `Authorization` header and nowhere else (not in a message,
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 from urllib.parse import quote
 
-import httpx
-
 from hutch.settings import Settings
+
+if TYPE_CHECKING:
+    import httpx
 
 
 class RemoteError(Exception):
@@ -42,7 +43,8 @@ def _seg(value: str | int) -> str:
 
 # Submitting a long file and replaying wait for every broker confirm before the answer:
 # no read timeout there, or the client would give up on work that still goes through.
-_UNTIMED_READ = httpx.Timeout(30.0, read=None)
+# (connect, read, write, pool), as httpx takes it.
+_UNTIMED_READ = (30.0, None, 30.0, 30.0)
 
 
 class Remote:
@@ -53,6 +55,10 @@ class Remote:
         headers = {}
         if settings.api_token is not None:
             headers["Authorization"] = f"Bearer {settings.api_token.get_secret_value()}"
+        # Imported here, not with the module: httpx brings its own command line's imports
+        # (rich, click), about 0.1 s that every `hutch` command paid, with or without an API.
+        import httpx
+
         self.http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
 
     def close(self) -> None:
@@ -79,6 +85,8 @@ class Remote:
         raise RemoteRefused(answer.status_code, message, field)
 
     def _call(self, method: str, path: str, **kwargs: Any) -> Any:
+        import httpx
+
         try:
             answer = self.http.request(method, path, **kwargs)
         except httpx.HTTPError as exc:
@@ -121,6 +129,8 @@ class Remote:
     def items(self, job: str, form: str = "jsonl") -> Iterator[bytes]:
         """The job's items as the API streams them: JSON lines (or CSV rows with `form="csv"`,
         the header first), each ending in a newline."""
+        import httpx
+
         try:
             with self.http.stream("GET", f"/jobs/{_seg(job)}/items", params={"format": form}) as answer:
                 if answer.status_code >= 400:

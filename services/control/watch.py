@@ -35,14 +35,14 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Literal
-
-import httpx
-from prometheus_client.parser import text_string_to_metric_families
+from typing import TYPE_CHECKING, Any, Literal
 
 from hutch.services.control.terminal import json_text, shown
 from hutch.settings import Settings
 from hutch.store import Store, StoreError
+
+if TYPE_CHECKING:
+    import httpx
 
 Samples = dict[str, list[tuple[dict[str, str], float]]]
 FlagKind = Literal["under_provisioned", "retry_spike", "dead_letters", "stale", "broker_descriptors", "broker_memory"]
@@ -100,6 +100,10 @@ class Reading:
 
 
 def parse(text: str) -> Samples:
+    # Imported here, as httpx below: every `hutch` command imports this module for its
+    # arguments, and only `hutch watch` reads metrics (both together about 0.1 s).
+    from prometheus_client.parser import text_string_to_metric_families
+
     samples: Samples = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
@@ -294,7 +298,9 @@ class Reader:
     def __init__(self, settings: Settings, urls: list[str], broker_url: str | None) -> None:
         self.urls = urls
         self.broker_url = broker_url
-        self.client = httpx.AsyncClient(timeout=SCRAPE_TIMEOUT, trust_env=False)
+        import httpx
+
+        self.client: httpx.AsyncClient = httpx.AsyncClient(timeout=SCRAPE_TIMEOUT, trust_env=False)
         self.store: Store | None = None
         location = settings.store_location
         if location.startswith("sqlite:///") and not Path(location.removeprefix("sqlite:///")).exists():
@@ -310,6 +316,8 @@ class Reader:
             self.store.close()
 
     async def _get(self, url: str) -> Samples | None:
+        import httpx
+
         try:
             async with self.client.stream("GET", url) as response:
                 if response.status_code != 200:
