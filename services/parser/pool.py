@@ -285,21 +285,19 @@ class _Slot:
         assert self.sock is not None and self.process is not None
         # The item and, for a crawl's page, its links: each at most max_item_bytes.
         longest = 2 * self.limits.max_item_bytes + _ANSWER_SLACK
+        found: dict[str, Any]
         try:
             async with asyncio.timeout(self.limits.timeout):
                 await loop.sock_sendall(self.sock, frame(request))
-                found: dict[str, Any] = json.loads(await _receive(loop, self.sock, longest))
+                found = json.loads(await _receive(loop, self.sock, longest))
         except TimeoutError:
-            await loop.run_in_executor(None, self.replace)
-            return {"failure": "parse_timeout", "detail": f"extraction passed {self.limits.timeout:g}s"}
+            found = {"failure": "parse_timeout", "detail": f"extraction passed {self.limits.timeout:g}s"}
         except _AnswerTooLong as exc:
-            await loop.run_in_executor(None, self.replace)
-            return {"failure": "parse_crash", "detail": str(exc)}
+            found = {"failure": "parse_crash", "detail": str(exc)}
         except (EOFError, OSError):
             code = await loop.run_in_executor(None, self._exit_code)
-            await loop.run_in_executor(None, self.replace)
-            return {"failure": "parse_crash", "detail": f"worker died (exit code {code})"}
-        if found.get("failure") in REPLACE:
+            found = {"failure": "parse_crash", "detail": f"worker died (exit code {code})"}
+        if found.get("failure") in REPLACE:  # every failure above is one of them
             await loop.run_in_executor(None, self.replace)
         return found
 
