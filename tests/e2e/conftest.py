@@ -64,8 +64,18 @@ class Services:
             if predicate(counts):
                 return counts
             if time.monotonic() > deadline:
-                raise AssertionError(f"job {job} not there after {timeout:.0f}s: {counts}")
+                raise AssertionError(f"job {job} not there after {timeout:.0f}s: {counts}{self.unfinished(job)}")
             await asyncio.sleep(0.25)
+
+    def unfinished(self, job: str, most: int = 5) -> str:
+        """The life so far of a few tasks neither stored nor dead, for a failure's message."""
+        store = Store(self.settings.store_location)
+        try:
+            ids = [row["id"] for row in store.tasks(job) if row["state"] not in ("stored", "dead")]
+            lives = [store.timeline(task_id) for task_id in ids[:most]]
+        finally:
+            store.close()
+        return "".join(f"\n  {life}" for life in lives)
 
     async def wait_done(self, job: str, timeout: float = 120.0) -> JobCounts:
         return await self.wait_for(job, lambda c: c.total > 0 and c.pending == 0, timeout)
@@ -93,9 +103,7 @@ async def running_services(settings: Settings, sandbox: Sandbox, extra_env: dict
 
 
 @pytest.fixture
-async def services(
-    settings: Settings, sandbox: Sandbox, extra_env: dict[str, str]
-) -> AsyncIterator[Services]:
+async def services(settings: Settings, sandbox: Sandbox, extra_env: dict[str, str]) -> AsyncIterator[Services]:
     async with running_services(settings, sandbox, extra_env) as running:
         yield running
 
