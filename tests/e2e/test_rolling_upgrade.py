@@ -2,7 +2,8 @@
 deployment does) and started again as the next build, whose models carry one more field
 (`next_build/sitecustomize.py`). For a while every pair of services runs mixed versions:
 old parsers read pages from a new fetcher, an old governor its events, an old storer new
-items. The job must end with every URL stored, nothing dead (as `decode` or anything else).
+items. The job must end with every URL stored, nothing dead (as `decode` or anything else),
+and each page fetched once: every stop is graceful, so none hands its work back twice.
 
 A queue of the test's own, bound beside the parse and store queues, takes a copy of every
 page and item: both kinds, with the field and without, must have crossed the broker.
@@ -10,6 +11,7 @@ page and item: both kinds, with the field and without, must have crossed the bro
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import signal
@@ -99,5 +101,9 @@ async def test_a_job_survives_every_service_replaced_in_turn_by_a_build_with_an_
         assert len(list(store.items("rolling"))) == len(urls)
     finally:
         store.close()
+    fetched = collections.Counter(
+        (r.site, r.path) for r in sandbox.log if r.kind == "site" and r.path.startswith("/page/")
+    )
+    assert [page for page, n in fetched.items() if n > 1] == [], fetched
     # Both versions' pages and items crossed the broker, and were read by both versions.
     assert all(seen.get(key, 0) > 0 for key in (("page", True), ("page", False), ("item", True), ("item", False))), seen

@@ -412,12 +412,12 @@ async def test_parked_tasks_of_a_cancelled_job_each_end_dead_and_the_others_in_t
     assert await depth(broker, topology.dlq) == 0  # nothing else went dead
 
 
-async def test_a_governor_stopped_holding_parked_tasks_gives_the_message_back_whole_and_none_is_lost(
+async def test_a_governor_stopped_holding_parked_tasks_gives_each_back_alone_and_none_is_lost_or_doubled(
     broker: Broker, start_governor: StartGovernor
 ) -> None:
     """At 2 tasks a second, a `Parked` of 20 is held while its first tasks are released. A
-    governor stopped then gives the whole message back to its shard; the next one releases
-    every task (those released before, again: at-least-once, absorbed by the store)."""
+    governor stopped then gives each task it still holds back to its shard alone and acks
+    the message: the next governor releases every task, each once."""
     topology = broker.topology
     domain = "held.test"
     tasks = [make_task(domain, n) for n in range(20)]
@@ -430,6 +430,30 @@ async def test_a_governor_stopped_holding_parked_tasks_gives_the_message_back_wh
     assert len(before) < len(tasks)
     await start_governor(rate=100.0)
     await wait_for(lambda: {t.id for t in standin.of(domain)} == {t.id for t in tasks}, timeout=30)
+    await asyncio.sleep(1.0)
+    assert len(standin.of(domain)) == len(tasks)  # each once
+
+
+async def test_a_governor_stopped_with_tasks_of_a_parked_held_and_the_rest_parked_again_leaves_each_once(
+    broker: Broker, start_governor: StartGovernor
+) -> None:
+    """A `Parked` of 30 at 2 tasks a second and a 2-second hold: 4 tasks held, the rest
+    parked again (in `Parked` messages of their own) while the first one stays unacked. A
+    stopped governor gives back only the tasks it holds: given back whole, the message would
+    bring back the parked ones too, and each of them would be released twice."""
+    topology = broker.topology
+    domain = "reparked.test"
+    tasks = [make_task(domain, n) for n in range(30)]
+    standin = await StandIn(broker).start()
+    first = await start_governor(hold_horizon=2.0)
+    await broker.publish(topology.frontier, topology.shard_key(domain), Parked(tasks=tasks))
+    await wait_for(lambda: len(standin.of(domain)) >= 2 and first._parks >= 20, timeout=15)
+    await stop_governor(first)
+    await start_governor(rate=100.0)
+    await wait_for(lambda: {t.id for t in standin.of(domain)} == {t.id for t in tasks}, timeout=45)
+    await asyncio.sleep(1.0)
+    released = collections.Counter(t.id for t in standin.of(domain))
+    assert [n for n in released.values() if n > 1] == [], released
 
 
 async def test_parked_messages_past_the_governors_bound_wait_in_a_park_queue_and_none_is_lost(
