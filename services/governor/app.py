@@ -132,6 +132,7 @@ PARKED_HEADER = "x-hutch-parked"  # a task the governor parked in a delay tier
 SHARD_MAX_CRASHES = 50
 RESCUED_MEMORY = 100_000  # rescued tasks whose newest incarnation a governor remembers
 MAX_HELD_PER_JOB = 64  # held tasks of one domain and job, however fast its rate
+PASSED_KEEP = 600.0  # seconds the tasks passed on of a `Parked` given back are remembered (`_passed_of`)
 LONG_HOLD = 600.0  # seconds a task may wait held for the fleet's capacity before it is parked
 DISPATCH_SLICE = 2000  # decisions before the dispatcher lets the loop run other work
 JOBS_QUIET = 0.3  # seconds without a record that mean the jobs stream is read to its end
@@ -288,6 +289,9 @@ class Governor(Service):
         self._bundles: dict[tuple[float, int, str], ParkBundle] = {}
         self._pinned = 0  # tasks of the `Parked` messages being handled (unacked)
         self._parked_handled: set[Delivery] = set()  # ...and those messages
+        # `Parked` message id -> when it was taken, and which of its tasks (by index) this
+        # governor has passed on since: a delivery of it again takes only the others.
+        self._passed: dict[str, tuple[float, set[int]]] = {}
         self._pinned_max = s.frontier_shards * s.frontier_window * PINNED_PER_SLOT
         # Shard -> messages ready in it at the last look (`_look_at_shards`), and the messages
         # of it this governor holds unacked now: a shard with nothing behind them needs no park.
@@ -822,45 +826,78 @@ class Governor(Service):
         if self.stopping.is_set():
             raise Requeue("stopping", backoff=False)
         topology = self.broker.topology
-        count = len(parked.tasks)
-        if self._pinned and self._pinned + count > self._pinned_max:
-            # Its tasks would stay in memory until the last of them is released: back to the
-            # shortest park queue whole, for when the messages handled now are done.
-            delay = topology.delays[0]
-            await self.broker.publish(
-                topology.park_exchange(delay),
-                topology.shard_key(parked.domain),
-                parked,
-                headers={PARKED_HEADER: back_by(time.time(), delay)},
-            )
-            self._deflected += 1
+        passed = self._passed_of(message)
+        left = [(i, task) for i, task in enumerate(parked.tasks) if i not in passed]
+        count = len(left)
+        if not left or (self._pinned and self._pinned + count > self._pinned_max):
+            if left:
+                # Its tasks would stay in memory until the last of them is released: back to
+                # the shortest park queue, for when the messages handled now are done.
+                delay = topology.delays[0]
+                await self.broker.publish(
+                    topology.park_exchange(delay),
+                    topology.shard_key(parked.domain),
+                    Parked(tasks=[task for _, task in left]),
+                    headers={PARKED_HEADER: back_by(time.time(), delay)},
+                )
+                self._deflected += 1
+            if message.message_id is not None:
+                self._passed.pop(message.message_id, None)
             return
+        taking = [self._take_parked(task, message, passed, i) for i, task in left]
+        del left
         self._pinned += count
         self._parked_handled.add(message)
         shard = topology.shard_of(parked.domain)
         self._in_window[shard] += 1
-        taking = [self._take_parked(task, message) for task in parked.tasks]
         parked.tasks.clear()
+        done = False
         try:
             outcomes = await asyncio.gather(*taking, return_exceptions=True)
             failures = [outcome for outcome in outcomes if isinstance(outcome, BaseException)]
             failures.sort(key=lambda failure: not isinstance(failure, asyncio.CancelledError))
             if failures:
                 raise failures[0]
+            done = not message.channel_closed  # acked next: it will not come back
         except BaseException:
-            parked.tasks[:] = self.broker.decode(message.body, message.content_encoding, Parked).tasks
+            tasks = self.broker.decode(message.body, message.content_encoding, Parked).tasks
+            parked.tasks[:] = [task for i, task in enumerate(tasks) if i not in passed]
             raise
         finally:
             self._pinned -= count
             self._parked_handled.discard(message)
             self._in_window[shard] -= 1
+            if message.message_id is not None:
+                if done:
+                    self._passed.pop(message.message_id, None)
+                else:  # given back: remembered from now
+                    self._passed[message.message_id] = (time.time(), passed)
 
-    async def _take_parked(self, task: Task, message: Delivery) -> None:
+    def _passed_of(self, message: Delivery) -> set[int]:
+        """The tasks of this `Parked` (by index) passed on by an earlier delivery of it, and
+        the set this one adds to. A `Parked` stays unacked while any of its tasks is held,
+        and meanwhile the others are released or parked again; when its channel closes (a
+        lost connection) or its handling fails, the broker or the layer delivers it again,
+        whole. Taking every task again then put those parked again twice in the frontier,
+        and those released twice in fetch.ready: after the broker closed every connection,
+        a job of 160 pages fetched 120-170 pages again (`tests/e2e/test_redelivered_parks.py`).
+        What a governor that dies knew dies with it: the next one takes every task again."""
+        key = message.message_id
+        if key is None:
+            return set()
+        known = self._passed.get(key)
+        if known is None:
+            known = self._passed[key] = (time.time(), set())
+        return known[1]
+
+    async def _take_parked(self, task: Task, message: Delivery, passed: set[int], index: int) -> None:
         """One task of a `Parked`: taken as if it came alone; a dead one becomes a dead letter
-        of its own, and one to return goes back to its shard alone."""
+        of its own, and one to return goes back to its shard alone. Once passed on, its index
+        goes into `passed`."""
         topology = self.broker.topology
         try:
-            await self._take(task, message)
+            if not await self._take(task, message):
+                return
         except Dead as outcome:
             queue = topology.shard_queue(topology.shard_of(task.domain)).name
             about = outcome.about or task
@@ -869,6 +906,7 @@ class Governor(Service):
             if message.channel_closed:  # all of it comes back
                 raise
             await self.broker.publish(topology.frontier, topology.shard_key(task.domain), task)
+        passed.add(index)
 
     async def _on_task(self, task: Task, message: Delivery) -> None:
         """A task from a shard: one message of the shard's window until it is released,
@@ -880,12 +918,14 @@ class Governor(Service):
         finally:
             self._in_window[shard] -= 1
 
-    async def _take(self, task: Task, message: Delivery) -> None:
+    async def _take(self, task: Task, message: Delivery) -> bool:
+        """Hold, park or end a task from a shard; False when it was let go without being
+        passed on (its channel closed: the broker has it again)."""
         if self.stopping.is_set():
             raise Requeue("stopping", backoff=False)
         if self._stale(task):  # rescued meanwhile: the new copy is in the frontier
             log.info("dropping stale copy %d of rescued task %s", task.incarnation, task.id)
-            return
+            return True
         domain = task.domain
         line = self._line(domain)
         now = time.time()
@@ -899,7 +939,7 @@ class Governor(Service):
             self._returns[0] += 1
         if not await self._to_hold(task, line, jl, now, returned=isinstance(back, int)):
             self._returns[1] += isinstance(back, int)
-            return
+            return True
         self.core.activate(domain)
         held = Held(task, message, now, asyncio.get_running_loop().create_future())
         jl.held.append(held)
@@ -915,6 +955,7 @@ class Governor(Service):
                 with contextlib.suppress(ValueError):
                     jl.held.remove(held)
         await self._carry_out(task, line, jl, action, value)
+        return action != "drop"
 
     async def _to_hold(self, task: Task, line: DomainLine, jl: JobLine, now: float, returned: bool = False) -> bool:
         """Whether a task that arrived is to be held; otherwise it has gone where its job's
@@ -1226,8 +1267,12 @@ class Governor(Service):
 
     def _sweep(self, now: float) -> None:
         """Let go of what a closed channel returned, park what waited too long for capacity;
-        forget domains idle for `domain_idle` (those only heard of from others' releases too)."""
+        forget domains idle for `domain_idle` (those only heard of from others' releases too),
+        and the `Parked` messages given back more than `PASSED_KEEP` seconds ago."""
         idle_after = self.settings.domain_idle
+        for key in [key for key, (at, _) in self._passed.items() if now - at > PASSED_KEEP]:
+            if not any(message.message_id == key for message in self._parked_handled):
+                del self._passed[key]
         for domain, line in list(self.lines.items()):
             for jl in line.jobs.values():
                 if any(h.message.channel_closed for h in jl.held):
