@@ -880,7 +880,7 @@ class Governor(Service):
         lost connection) or its handling fails, the broker or the layer delivers it again,
         whole. Taking every task again then put those parked again twice in the frontier,
         and those released twice in fetch.ready: after the broker closed every connection,
-        a job of 160 pages fetched 120-170 pages again (`tests/e2e/test_redelivered_parks.py`).
+        a job of 160 pages fetched 120-170 pages again (`tests/e2e/test_rolling_upgrade.py`).
         What a governor that dies knew dies with it: the next one takes every task again."""
         key = message.message_id
         if key is None:

@@ -8,6 +8,7 @@ import socket
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from urllib.parse import unquote, urlsplit
 
 import pytest
 from hutch_sandbox import Sandbox, load_config
@@ -79,6 +80,16 @@ class Services:
 
     async def wait_done(self, job: str, timeout: float = 120.0) -> JobCounts:
         return await self.wait_for(job, lambda c: c.total > 0 and c.pending == 0, timeout)
+
+
+async def drop_connections(settings: Settings, reason: str) -> None:
+    """Have the broker close every connection to the test's vhost (`rabbitmqctl`)."""
+    vhost = unquote(urlsplit(settings.amqp_url).path[1:]) or "/"
+    dropping = await asyncio.create_subprocess_exec(
+        "rabbitmqctl", "close_all_connections", "--vhost", vhost, reason,
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+    )  # fmt: skip
+    assert await asyncio.wait_for(dropping.wait(), 60) == 0
 
 
 @pytest.fixture

@@ -7,7 +7,6 @@ import asyncio
 import shutil
 import signal
 import time
-from urllib.parse import unquote, urlsplit
 
 import pytest
 from hutch_sandbox import Sandbox
@@ -18,7 +17,7 @@ from hutch.settings import Settings
 from hutch.store import Store
 from hutch.topology import outcome_key
 
-from .conftest import Services, submit_urls
+from .conftest import Services, drop_connections, submit_urls
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
@@ -147,12 +146,7 @@ async def test_every_service_reconnects_when_the_broker_drops_all_connections_mi
     urls = sandbox.sites["delta"].urls() + sandbox.sites["alpha"].urls()
     await submit_urls(settings, "dropped", urls)
     await services.wait_for("dropped", lambda c: c.stored >= 20, 60)
-    vhost = unquote(urlsplit(settings.amqp_url).path[1:]) or "/"
-    dropping = await asyncio.create_subprocess_exec(
-        "rabbitmqctl", "close_all_connections", "--vhost", vhost, "test: broker going away",
-        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
-    )  # fmt: skip
-    assert await asyncio.wait_for(dropping.wait(), 60) == 0
+    await drop_connections(settings, "test: broker going away")
     counts = await services.wait_done("dropped", timeout=120)
     assert counts.stored + counts.dead == len(urls)
     # No service had to be restarted: each reconnected on its own.
