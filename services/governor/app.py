@@ -813,15 +813,18 @@ class Governor(Service):
         came alone, and the message is acked (by the layer, once this returns) when every
         one of them has been released, parked again or ended. A task whose job was cancelled
         becomes a dead letter of its own, and one to return goes back to its shard alone. A
-        failure to pass any of them on returns the whole message: the tasks already released
-        are released again, which the fetcher's question to the store and the store's
-        once-only commit absorb (at-least-once, as a governor's crash already was).
+        failure to pass any of them on, or a closed channel, returns the whole message; this
+        governor takes again only the tasks it had not passed on (`_passed_of`). A stop gives
+        back the tasks it holds alone (`_return_parked`). Only the next governor after a
+        crash takes every task again: those already released are fetched again, and the
+        store's once-only commit keeps them stored once (at-least-once).
 
         The message stays unacked until its last task is released, but a task released is
         not kept for it: the list is emptied as the tasks are taken, so what stays in memory
         is the body and the tasks still held (a decoded task with a spec is about 5 KB, and
         the `Parked` messages being handled may hold 16,384 tasks). On a failure the list is
-        decoded again from the body, for the dead letters the layer makes of it at the end.
+        decoded again from the body, for the dead letters the layer makes at the end of those
+        not passed on.
         """
         if self.stopping.is_set():
             raise Requeue("stopping", backoff=False)
