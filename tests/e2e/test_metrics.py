@@ -55,8 +55,10 @@ def ports(metrics_ports: dict[str, int]) -> dict[str, int]:
 @pytest.fixture
 def settings(settings: Settings, ports: dict[str, int]) -> Settings:
     # The governor holds a second of each domain's rate and parks the rest in a delay tier,
-    # so a queue fills and empties while the job lasts a few scrapes.
-    return on_ports(settings, ports, rate=5.0, hold_horizon=1.0, metrics_interval=0.5)
+    # so a queue fills and empties while the job lasts a few scrapes. The shortest tier is
+    # 3 s: with the tests' 0.2-1 s tiers a park stayed one scrape or two, and a loaded CI
+    # machine saw the queues empty at every scrape.
+    return on_ports(settings, ports, rate=5.0, hold_horizon=1.0, metrics_interval=0.5, retry_delays=(3.0, 10.0))
 
 
 @pytest.fixture
