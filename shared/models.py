@@ -270,6 +270,10 @@ class Task(Model):
     # is stale and is dropped where it surfaces (governor, storer), so a rescue never
     # leaves two live copies.
     incarnation: int = 0
+    # Out of a `Parked` that a governor died holding (`x-hutch-crashes`): that governor may
+    # have released this task, or parked it again, before it died, so another copy of it may
+    # have been fetched and stored already. The fetcher asks the store first.
+    maybe_done: bool = False
     # One trace per task, whatever the exporter: spans about the task go into it, and each
     # attempt in the store records it (`hutch trace`), with tracing on or off.
     trace_id: str = Field(default_factory=new_trace_id, pattern=TRACE_ID)

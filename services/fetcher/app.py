@@ -247,14 +247,16 @@ class Fetcher(Service):
         return True
 
     async def _stored_already(self, task: Task, spare: float) -> bool:
-        """Whether a task a fetcher once died holding is stored by now. Its fetch may have
-        been done, its page published, parsed and stored, and only its ack lost with the
-        fetcher: a storer says so, and the page is not fetched again. Only asked after a
-        crash, so the fetches that make up a job cost no question; and only for as long as
+        """Whether a task a fetcher once died holding, or one out of a `Parked` a governor
+        died holding (`maybe_done`), is stored by now. Its fetch may have been done, its page
+        published, parsed and stored, and only its ack lost with the fetcher; or another copy
+        of it released before the governor died may have been: a storer says so, and the
+        page is not fetched again. Only asked after a crash, so the fetches that make up a
+        job cost no question; and only for as long as
         the permit can spare (`spare` seconds, at most `HUTCH_RPC_TIMEOUT`), so asking never
         makes it late. No answer by then (no storer running, or an old one) is a no: fetched
         again, the page is still stored once."""
-        if self.ask is None or not any(attempt.outcome == "crashed" for attempt in task.history):
+        if self.ask is None or not (task.maybe_done or any(a.outcome == "crashed" for a in task.history)):
             return False
         wait = min(spare, self.settings.rpc_timeout)
         if wait < MIN_STORED_WAIT:

@@ -97,6 +97,7 @@ from hutch.services.governor.lines import (
     RETURN_MARGIN,
     STATE_AFTER,
     Action,
+    Copies,
     Decided,
     DomainLine,
     Held,
@@ -133,6 +134,7 @@ SHARD_MAX_CRASHES = 50
 RESCUED_MEMORY = 100_000  # rescued tasks whose newest incarnation a governor remembers
 MAX_HELD_PER_JOB = 64  # held tasks of one domain and job, however fast its rate
 PASSED_KEEP = 600.0  # seconds the tasks passed on of a `Parked` given back are remembered (`_passed_of`)
+COPIES_MEMORY = 100_000  # tasks out of a crashed `Parked` whose copies a governor looks out for (`_copies`)
 LONG_HOLD = 600.0  # seconds a task may wait held for the fleet's capacity before it is parked
 DISPATCH_SLICE = 2000  # decisions before the dispatcher lets the loop run other work
 JOBS_QUIET = 0.3  # seconds without a record that mean the jobs stream is read to its end
@@ -292,6 +294,10 @@ class Governor(Service):
         # `Parked` message id -> when it was taken, and which of its tasks (by index) this
         # governor has passed on since: a delivery of it again takes only the others.
         self._passed: dict[str, tuple[float, set[int]]] = {}
+        # Task id -> what is known of its copies, for each task out of a `Parked` that a
+        # governor died holding: more copies of it may follow (`_watch_copies`).
+        self._copies: dict[str, Copies] = {}
+        self._copies_dropped = 0  # copies let go because another was passed on (for the log)
         self._pinned_max = s.frontier_shards * s.frontier_window * PINNED_PER_SLOT
         # Shard -> messages ready in it at the last look (`_look_at_shards`), and the messages
         # of it this governor holds unacked now: a shard with nothing behind them needs no park.
@@ -816,8 +822,10 @@ class Governor(Service):
         failure to pass any of them on, or a closed channel, returns the whole message; this
         governor takes again only the tasks it had not passed on (`_passed_of`). A stop gives
         back the tasks it holds alone (`_return_parked`). Only the next governor after a
-        crash takes every task again: those already released are fetched again, and the
-        store's once-only commit keeps them stored once (at-least-once).
+        crash takes every task again, marked `maybe_done`: a fetcher asks the store before
+        fetching one, so a copy of a page stored already is not fetched again; copies in
+        flight at the same time still are, and the store's once-only commit keeps them
+        stored once (at-least-once).
 
         The message stays unacked until its last task is released, but a task released is
         not kept for it: the list is emptied as the tasks are taken, so what stays in memory
@@ -829,6 +837,8 @@ class Governor(Service):
         if self.stopping.is_set():
             raise Requeue("stopping", backoff=False)
         topology = self.broker.topology
+        if message.crashes and message.message_id not in self._passed:
+            self._watch_copies(parked.tasks)
         passed = self._passed_of(message)
         left = [(i, task) for i, task in enumerate(parked.tasks) if i not in passed]
         count = len(left)
@@ -875,6 +885,34 @@ class Governor(Service):
                     self._passed.pop(message.message_id, None)
                 else:  # given back: remembered from now
                     self._passed[message.message_id] = (time.time(), passed)
+
+    def _watch_copies(self, tasks: list[Task]) -> None:
+        """Look out for copies of these tasks, out of a `Parked` a governor died holding.
+
+        That governor had passed some of them on (released, parked again) before it died, and
+        what it knew (`_passed`) died with it, so this message brings back a copy of each of
+        those; a task parked again and again may have several, in several messages, some
+        unacked (all back now) and some still in park queues. Each copy released was a page
+        fetched again: 116-358 extra fetches in a 160-page job at 2 pages a second, some pages
+        eight times (`tests/e2e/test_rolling_upgrade.py`). Here the first copy of each that
+        this governor takes is the one that goes on, marked `maybe_done`, and the others
+        (unmarked) are let go (`_take`), unless it is let go without being passed on (its
+        channel closed, a return). Marked, it is known again wherever it comes back from (a
+        park of this governor's, a retry).
+        A copy the dead governor had released may be in flight or stored already, which
+        nothing here can see: the one passed on is marked `maybe_done`, and the fetcher asks
+        the store before fetching it.
+
+        Remembered for the longest park and a minute, at most `COPIES_MEMORY` tasks (the
+        oldest forgotten first: then a copy is fetched again, never lost)."""
+        log.info("a Parked of %d tasks came back from a governor that died holding it: one copy of each goes on",
+                 len(tasks))
+        now = time.time()
+        for task in tasks:
+            if task.id not in self._copies:
+                self._copies[task.id] = Copies(now)
+        while len(self._copies) > COPIES_MEMORY:
+            del self._copies[next(iter(self._copies))]
 
     def _passed_of(self, message: Delivery) -> set[int]:
         """The tasks of this `Parked` (by index) passed on by an earlier delivery of it, and
@@ -929,6 +967,25 @@ class Governor(Service):
         if self._stale(task):  # rescued meanwhile: the new copy is in the frontier
             log.info("dropping stale copy %d of rescued task %s", task.incarnation, task.id)
             return True
+        copy = self._copies.get(task.id) if self._copies else None
+        if copy is None or task.maybe_done:  # not watched, or the copy that went on, back
+            return await self._hold_or_park(task, message)
+        if copy.passed or (copy.holder is not None and not copy.holder.channel_closed):
+            self._copies_dropped += 1  # another copy of it is held here or went on
+            return True
+        copy.holder = message
+        try:
+            passed = await self._hold_or_park(task.model_copy(update={"maybe_done": True}), message)
+        except Dead:
+            copy.passed = True  # a dead letter now
+            raise
+        finally:
+            copy.holder = None
+        copy.passed = passed
+        return passed
+
+    async def _hold_or_park(self, task: Task, message: Delivery) -> bool:
+        """`_take` for a task that is no stale copy."""
         domain = task.domain
         line = self._line(domain)
         now = time.time()
@@ -1271,11 +1328,19 @@ class Governor(Service):
     def _sweep(self, now: float) -> None:
         """Let go of what a closed channel returned, park what waited too long for capacity;
         forget domains idle for `domain_idle` (those only heard of from others' releases too),
-        and the `Parked` messages given back more than `PASSED_KEEP` seconds ago."""
+        the `Parked` messages given back more than `PASSED_KEEP` seconds ago, and the copies
+        looked out for since before the longest park (`_watch_copies`)."""
         idle_after = self.settings.domain_idle
         for key in [key for key, (at, _) in self._passed.items() if now - at > PASSED_KEEP]:
             if not any(message.message_id == key for message in self._parked_handled):
                 del self._passed[key]
+        copies_keep = self.broker.topology.delays[-1] + 60.0  # the longest park and a minute
+        while self._copies:
+            key = next(iter(self._copies))
+            copy = self._copies[key]
+            if now - copy.first <= copies_keep or copy.holder is not None:
+                break
+            del self._copies[key]
         for domain, line in list(self.lines.items()):
             for jl in line.jobs.values():
                 if any(h.message.channel_closed for h in jl.held):
@@ -1325,6 +1390,13 @@ class Governor(Service):
             )
             last, parks, returns, recalled = released, self._parks, list(self._returns), self._recalled
             messages, kept = self._park_messages, self._kept
+            if self._copies_dropped:
+                log.info(
+                    "%d copies let go of tasks out of Parked messages a governor died holding (%d such tasks watched)",
+                    self._copies_dropped,
+                    len(self._copies),
+                )
+                self._copies_dropped = 0
 
     async def _flush_releases_every(self, seconds: float) -> None:
         while True:

@@ -159,6 +159,17 @@ class Held:
     decided: asyncio.Future[tuple[Action, Any]]
 
 
+@dataclass(slots=True)
+class Copies:
+    """What a governor knows of the copies of a task out of a `Parked` that a governor died
+    holding: when it first saw one, the message of the copy it holds now, and whether a copy
+    has gone on (released, parked again, ended). Any other copy is let go."""
+
+    first: float
+    holder: Delivery | None = None
+    passed: bool = False
+
+
 @dataclass
 class ParkBundle:
     """Parks being gathered into one message (`Parked`): one domain's, into one park queue

@@ -20,7 +20,7 @@ import pytest
 from aio_pika.abc import AbstractIncomingMessage
 from pamqp.commands import Basic
 
-from hutch.amqp import Broker, Delivery
+from hutch.amqp import CRASHES, Broker, Delivery
 from hutch.models import DeadLetter, Event, EventBatch, FetcherHeartbeat, JobControl, Parked, Task, decode, task_id
 from hutch.services.governor.app import Governor
 from hutch.services.governor.lines import PACE_MARGIN, RETURN_MARGIN
@@ -454,6 +454,32 @@ async def test_a_governor_stopped_with_tasks_of_a_parked_held_and_the_rest_parke
     await asyncio.sleep(1.0)
     released = collections.Counter(t.id for t in standin.of(domain))
     assert [n for n in released.values() if n > 1] == [], released
+
+
+async def test_copies_of_tasks_out_of_a_parked_a_governor_died_holding_are_let_go_and_each_task_released_once(
+    broker: Broker, start_governor: StartGovernor
+) -> None:
+    """What a SIGKILLed governor leaves: a `Parked` it died holding comes back counted as a
+    crash, and copies of its tasks are in other messages (parked again before it died, some
+    unacked, some still in park queues). At 10 tasks a second with a 1-second hold, most of
+    the copy that goes on is parked again and comes back: it must still be released, and
+    every other copy let go. Each task is released once."""
+    topology = broker.topology
+    domain = "copies.test"
+    tasks = [make_task(domain, n) for n in range(30)]
+    key = topology.shard_key(domain)
+    standin = await StandIn(broker).start()
+    await broker.publish(topology.frontier, key, Parked(tasks=tasks), headers={CRASHES: 1})
+    await broker.publish(topology.frontier, key, Parked(tasks=tasks[5:]), headers={CRASHES: 1})
+    await broker.publish(topology.frontier, key, Parked(tasks=tasks[10:]))
+    await submit(broker, tasks[20:25])
+    governor = await start_governor(rate=10.0, hold_horizon=1.0)
+    await wait_for(lambda: {t.id for t in standin.of(domain)} == {t.id for t in tasks}, timeout=30)
+    await asyncio.sleep(1.5)
+    released = collections.Counter(t.id for t in standin.of(domain))
+    assert [n for n in released.values() if n > 1] == [], released
+    assert governor._parks > 0  # the copies that went on were parked again, and came back
+    assert all(t.maybe_done for t in standin.of(domain))  # the fetcher asks the store first
 
 
 async def test_parked_messages_past_the_governors_bound_wait_in_a_park_queue_and_none_is_lost(

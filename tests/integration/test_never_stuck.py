@@ -290,7 +290,8 @@ async def test_a_task_a_fetcher_died_holding_whose_page_was_stored_since_is_not_
 ) -> None:  # type: ignore[no-untyped-def]
     """The fetch a fetcher died in may have gone on to be parsed and stored; only its ack was
     lost. The storer says so, over RabbitMQ, and the page is not fetched again; a task that
-    crashed and was not stored is fetched as usual."""
+    crashed and was not stored is fetched as usual. A task out of a `Parked` a governor died
+    holding (`maybe_done`: another copy of it may have gone on) is asked about the same way."""
     from hutch.models import Attempt, Event, Item, Permit
     from hutch.services.storer.app import Storer
 
@@ -312,13 +313,15 @@ async def test_a_task_a_fetcher_died_holding_whose_page_was_stored_since_is_not_
             )  # fmt: skip
 
         stored, unstored = crashed("stored"), crashed("unstored")
-        item = Item(task=stored, status=200, fields={}, parsed_at=time.time())
-        await storer.store.run(lambda store: store.store_item(item))
-        await broker.publish(topology.work, "fetch.ready", stored)
-        await broker.publish(topology.work, "fetch.ready", unstored)
+        copy = crashed("copy").model_copy(update={"history": [], "attempts": 0, "maybe_done": True})
+        for done in (stored, copy):
+            item = Item(task=done, status=200, fields={}, parsed_at=time.time())
+            await storer.store.run(lambda store, item=item: store.store_item(item))
+        for task in (stored, unstored, copy):
+            await broker.publish(topology.work, "fetch.ready", task)
         seen: dict[str, list[tuple[str, str | None]]] = {}
         deadline = time.monotonic() + 20
-        while len(seen.get(stored.id, [])) < 1 or len(seen.get(unstored.id, [])) < 1:
+        while any(len(seen.get(task.id, [])) < 1 for task in (stored, unstored, copy)):
             assert time.monotonic() < deadline, seen
             message = await events.get(fail=False, no_ack=True)
             if message is None:
@@ -327,6 +330,7 @@ async def test_a_task_a_fetcher_died_holding_whose_page_was_stored_since_is_not_
             event = decode(message.body, Event)
             seen.setdefault(event.task_id, []).append((event.outcome, event.next))
         assert seen[stored.id] == [("stored_already", None)]
+        assert seen[copy.id] == [("stored_already", None)]
         assert seen[unstored.id][0] == ("error", "retry")  # fetched: this fixture's fetch raises
         assert fetcher.calls == [unstored.url]
     finally:
