@@ -821,11 +821,9 @@ class Governor(Service):
         becomes a dead letter of its own, and one to return goes back to its shard alone. A
         failure to pass any of them on, or a closed channel, returns the whole message; this
         governor takes again only the tasks it had not passed on (`_passed_of`). A stop gives
-        back the tasks it holds alone (`_return_parked`). Only the next governor after a
-        crash takes every task again, marked `maybe_done`: a fetcher asks the store before
-        fetching one, so a copy of a page stored already is not fetched again; copies in
-        flight at the same time still are, and the store's once-only commit keeps them
-        stored once (at-least-once).
+        back the tasks it holds alone (`_return_parked`). The next governor after a crash
+        knows nothing of what was passed on: it takes one copy of each task and lets the
+        others go (`_watch_copies`), and a fetcher asks the store before fetching that copy.
 
         The message stays unacked until its last task is released, but a task released is
         not kept for it: the list is emptied as the tasks are taken, so what stays in memory
@@ -898,10 +896,9 @@ class Governor(Service):
         this governor takes is the one that goes on, marked `maybe_done`, and the others
         (unmarked) are let go (`_take`), unless it is let go without being passed on (its
         channel closed, a return). Marked, it is known again wherever it comes back from (a
-        park of this governor's, a retry).
-        A copy the dead governor had released may be in flight or stored already, which
-        nothing here can see: the one passed on is marked `maybe_done`, and the fetcher asks
-        the store before fetching it.
+        park of this governor's, a retry). A copy the dead governor had released may be in
+        flight or stored already, which nothing here can see: the fetcher asks the store
+        before fetching a marked task.
 
         Remembered for the longest park and a minute, at most `COPIES_MEMORY` tasks (the
         oldest forgotten first: then a copy is fetched again, never lost)."""
