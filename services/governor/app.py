@@ -977,8 +977,9 @@ class Governor(Service):
             copy.passed = True  # a dead letter now
             raise
         finally:
-            copy.holder = None
-        copy.passed = passed
+            if copy.holder is message:  # not taken over by a copy redelivered meanwhile
+                copy.holder = None
+        copy.passed = copy.passed or passed
         return passed
 
     async def _hold_or_park(self, task: Task, message: Delivery) -> bool:

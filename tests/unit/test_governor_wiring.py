@@ -212,3 +212,42 @@ async def test_a_parked_message_that_fails_gets_its_tasks_back_for_the_dead_lett
         await asyncio.wait_for(g._on_parked(parked, delivery(parked)), 5)
     assert [t.id for t in parked.tasks] == ["g0", "g1", "g2"]
     assert g._pinned == 0
+
+
+async def test_one_copy_of_a_task_out_of_a_crashed_parked_goes_on_and_another_only_once_its_holder_is_gone(
+    governor: tuple[Governor, RecordingBroker],
+) -> None:
+    """After a governor died holding a `Parked`, the first copy of each of its tasks taken is
+    the one that goes on (marked `maybe_done`); a copy that comes while it is held, or after
+    it went on, is let go. One whose holder's channel closed (the broker has that copy
+    again) is taken in its place, and the old holder letting go later changes nothing."""
+    g, broker = governor
+    domain = "copies.example"
+    await heartbeat(g, 1)
+    await asyncio.wait_for(g._on_task(task(0, "other.example"), delivery()), 5)  # the one slot
+    g._watch_copies([task(1, domain)])
+    first = delivery()
+    holding = asyncio.create_task(g._take(task(1, domain), first))  # held: no slot free
+    for _ in range(50):
+        if g._copies["t1"].holder is first:
+            break
+        await asyncio.sleep(0.01)
+    assert await asyncio.wait_for(g._take(task(1, domain), delivery()), 5)  # let go at once
+    assert g._copies_dropped == 1
+    first._channel.is_closed = True  # type: ignore[union-attr]  # its connection was lost
+    again = delivery()
+    taking = asyncio.create_task(g._take(task(1, domain), again))
+    for _ in range(50):
+        if g._copies["t1"].holder is again:
+            break
+        await asyncio.sleep(0.01)
+    assert g._copies["t1"].holder is again
+    await heartbeat(g, 4)
+    assert await asyncio.wait_for(taking, 5)
+    assert not await asyncio.wait_for(holding, 5)  # dropped: its channel is closed
+    assert [(t.id, t.maybe_done) for t in released(broker)] == [("t0", False), ("t1", True)]
+    assert g._copies["t1"].passed and g._copies["t1"].holder is None
+    assert await asyncio.wait_for(g._take(task(1, domain), delivery()), 5)  # a later copy: let go
+    back = task(1, domain).model_copy(update={"maybe_done": True})  # the one that went on, retried
+    await asyncio.wait_for(g._take(back, delivery()), 5)
+    assert [t.id for t in released(broker)] == ["t0", "t1", "t1"]
