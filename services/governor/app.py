@@ -919,7 +919,8 @@ class Governor(Service):
         whole. Taking every task again then put those parked again twice in the frontier,
         and those released twice in fetch.ready: after the broker closed every connection,
         a job of 160 pages fetched 120-170 pages again (`tests/e2e/test_rolling_upgrade.py`).
-        What a governor that dies knew dies with it: the next one takes every task again."""
+        What a governor that dies knew dies with it: the next one looks out for copies
+        instead (`_watch_copies`)."""
         key = message.message_id
         if key is None:
             return set()

@@ -12,7 +12,7 @@ import contextlib
 import gc
 import itertools
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import pytest
 
@@ -47,6 +47,14 @@ def task(n: int, domain: str) -> Task:
 
 def released(broker: RecordingBroker) -> list[Task]:
     return [p.as_(Task) for p in broker.to(broker.topology.work) if p.routing_key == FETCH_KEY]
+
+
+async def soon(predicate: Callable[[], bool]) -> None:
+    """Let the loop run until `predicate` holds, for at most 2.5 s (the caller asserts)."""
+    for _ in range(250):
+        if predicate():
+            return
+        await asyncio.sleep(0.01)
 
 
 async def heartbeat(g: Governor, slots: int) -> None:
@@ -182,10 +190,7 @@ async def test_a_parked_message_lets_go_of_each_task_once_it_is_released(
     domain = "parked.example"
     parked = Parked(tasks=[task(1, domain), task(2, domain)])
     handling = asyncio.create_task(g._on_parked(parked, delivery(parked)))
-    for _ in range(50):
-        if released(broker):
-            break
-        await asyncio.sleep(0.05)
+    await soon(lambda: bool(released(broker)))
     assert [t.id for t in released(broker)] == ["t1"] and not handling.done()
     assert parked.tasks == [] and g._pinned == 2
     assert unreleased("t1") == [] and len(unreleased("t2")) == 1
@@ -228,19 +233,13 @@ async def test_one_copy_of_a_task_out_of_a_crashed_parked_goes_on_and_another_on
     g._watch_copies([task(1, domain)])
     first = delivery()
     holding = asyncio.create_task(g._take(task(1, domain), first))  # held: no slot free
-    for _ in range(50):
-        if g._copies["t1"].holder is first:
-            break
-        await asyncio.sleep(0.01)
+    await soon(lambda: g._copies["t1"].holder is first)
     assert await asyncio.wait_for(g._take(task(1, domain), delivery()), 5)  # let go at once
     assert g._copies_dropped == 1
     first._channel.is_closed = True  # type: ignore[union-attr]  # its connection was lost
     again = delivery()
     taking = asyncio.create_task(g._take(task(1, domain), again))
-    for _ in range(50):
-        if g._copies["t1"].holder is again:
-            break
-        await asyncio.sleep(0.01)
+    await soon(lambda: g._copies["t1"].holder is again)
     assert g._copies["t1"].holder is again
     await heartbeat(g, 4)
     assert await asyncio.wait_for(taking, 5)
