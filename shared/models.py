@@ -1,4 +1,5 @@
-"""The messages Hutch services exchange, as versioned pydantic models encoded as JSON.
+"""The messages Hutch services exchange, as versioned pydantic models encoded as JSON (a page
+as a line of JSON, then its text: `Page.split_form`).
 
 Every message carries `v`, its schema version; a body that is not JSON, does not match its
 model or names an unknown version fails `decode` with `DecodeError`, which the consumer
@@ -22,7 +23,7 @@ from __future__ import annotations
 import hashlib
 import secrets
 import time
-from typing import Any, Literal, TypeVar, get_args
+from typing import Any, Literal, TypeVar, cast, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, RootModel, ValidationError, model_validator
 
@@ -83,11 +84,15 @@ M = TypeVar("M", bound=BaseModel)
 
 
 def encode(message: Model) -> bytes:
+    if isinstance(message, Page):
+        return message.split_form()
     return message.model_dump_json(exclude_none=True).encode()
 
 
 def decode(body: bytes, model: type[M]) -> M:
     try:
+        if model is Page and body.startswith(SPLIT_PREFIX):
+            return cast(M, Page.from_split_form(body))
         return model.model_validate_json(body)
     except ValidationError as exc:
         first = exc.errors()[0]
@@ -354,6 +359,39 @@ class Page(Model):
     # A crawl's page whose body is a gzip file (`sitemap.xml.gz`): binary, so no text carries it.
     # The body itself, base64, for the parser to inflate (under the body cap); `text` is empty.
     gzip_body: str | None = None
+
+    def split_form(self) -> bytes:
+        """The page as it crosses the broker (`encode`): its other fields as one line of JSON
+        whose `v` is 2, a newline, then its text as UTF-8. JSON never holds a raw newline, so
+        the first one ends the line. The text is most of a page (about 100 KB of HTML against
+        1-2 KB of task), and inside JSON every quote, backslash and newline of it is escaped
+        by the fetcher and unescaped by the parser: 0.29 ms of CPU a ~100 KB page, a copy
+        now (docs/benchmarks.md, fourteenth round). Inside a dead letter a page stays JSON,
+        version 1. A text UTF-8 cannot hold (a lone surrogate, which no decoded body has)
+        raises UnicodeEncodeError, as JSON would."""
+        head = self.model_dump_json(exclude_none=True, exclude={"text"}).encode()
+        assert head.startswith(FIRST_PREFIX)  # `v` is declared first
+        return SPLIT_PREFIX + head[len(FIRST_PREFIX) :] + b"\n" + self.text.encode("utf-8")
+
+    @classmethod
+    def from_split_form(cls, body: bytes) -> Page:
+        """A page read from `split_form` (its body starts with `SPLIT_PREFIX`): the line read
+        as JSON exactly as a page's first form is, then the text put in."""
+        head, newline, text = body.partition(b"\n")
+        if not newline or not head.endswith(b"}"):
+            raise DecodeError("not a Page v2: no line of fields ended by a newline before its text")
+        try:
+            decoded = text.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise DecodeError(f"not a Page v2: its text is not UTF-8 ({exc.reason} at byte {exc.start})") from None
+        page = cls.model_validate_json(FIRST_PREFIX + head.removeprefix(SPLIT_PREFIX)[:-1] + b',"text":""}')
+        page.text = decoded
+        return page
+
+
+# How a page's JSON starts, in the first form and in the split one (`Page.split_form`).
+FIRST_PREFIX = b'{"v":1,'
+SPLIT_PREFIX = b'{"v":2,'
 
 
 class Item(Model):

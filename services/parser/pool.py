@@ -116,11 +116,11 @@ def answer(request: bytes, max_item_bytes: int) -> bytes:
             gzip_body = base64.b64decode(page["gzip_body"], validate=True) if page.get("gzip_body") else None
             fields, found = extract_crawled(
                 page["text"], page["url"], page["status"], spec, max_item_bytes, bounds,
-                gzip_body, page.get("content_type"),
+                gzip_body, page.get("content_type"), utf8=text,
             )  # fmt: skip
             links = b', "links": ' + _links_json(found.links, max_item_bytes)
         else:
-            fields = extract(page["text"], page["url"], page["status"], spec, max_item_bytes)
+            fields = extract(page["text"], page["url"], page["status"], spec, max_item_bytes, utf8=text)
         item = json.dumps(fields, ensure_ascii=False).encode("utf-8")
         if len(item) > max_item_bytes:
             raise ItemTooLarge(f"item passes {max_item_bytes} bytes of JSON")

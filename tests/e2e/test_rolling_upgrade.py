@@ -37,6 +37,7 @@ from aio_pika.abc import AbstractQueue
 from hutch_sandbox import Sandbox, load_config
 
 from hutch.amqp import Broker
+from hutch.models import SPLIT_PREFIX
 from hutch.settings import Settings
 from hutch.store import Store
 from hutch.topology import PARSE_KEY, STORE_KEY
@@ -46,6 +47,7 @@ from .conftest import HERE, Services, drop_connections, submit_urls
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
 NEXT_BUILD = Path(__file__).parent / "next_build"
+PREVIOUS_BUILD = Path(__file__).parent / "previous_build"
 NEXT_FIELD = "added_in_next_build"
 # Producers before their consumers' turn comes, so each consumer reads the new field while it
 # is still the old build; the storer, which every service feeds, last.
@@ -84,16 +86,17 @@ async def copies(broker: Broker) -> AbstractQueue:
     return queue
 
 
-async def drain(queue: AbstractQueue) -> dict[tuple[str, bool], int]:
-    """How many copies there are of each kind (page or item), with the new field or without."""
-    seen: dict[tuple[str, bool], int] = {}
+async def drain(queue: AbstractQueue) -> collections.Counter[tuple[str, bool, bool]]:
+    """How many copies there are of each kind (page or item), with the new field or without,
+    in a page's split form (`Page.split_form`) or as one JSON object."""
+    seen: collections.Counter[tuple[str, bool, bool]] = collections.Counter()
     for _ in range(10_000):
         message = await queue.get(no_ack=True, fail=False)
         if message is None:
             break
-        body = json.loads(message.body)
-        key = ("page" if "final_url" in body else "item", NEXT_FIELD in body["task"])
-        seen[key] = seen.get(key, 0) + 1
+        split = message.body.startswith(SPLIT_PREFIX)
+        body = json.loads(message.body.partition(b"\n")[0] if split else message.body)
+        seen["page" if "final_url" in body else "item", NEXT_FIELD in body["task"], split] += 1
     return seen
 
 
@@ -128,7 +131,46 @@ async def test_a_job_survives_every_service_replaced_in_turn_by_a_build_with_an_
     fetched = page_fetches(sandbox)
     assert [page for page, n in fetched.items() if n > 1] == [], fetched
     # Both versions' pages and items crossed the broker, and were read by both versions.
-    assert all(seen.get(key, 0) > 0 for key in (("page", True), ("page", False), ("item", True), ("item", False))), seen
+    kinds = collections.Counter({(kind, field): n for (kind, field, _), n in seen.items()})
+    assert all(kinds[key] > 0 for key in (("page", True), ("page", False), ("item", True), ("item", False))), seen
+
+
+async def test_pages_from_a_fetcher_of_the_build_before_the_split_form_are_parsed_and_stored(
+    settings: Settings, sandbox: Sandbox, services: Services
+) -> None:
+    """A fetcher of the build before (pages as one JSON object) runs beside this build's parser
+    and storer, then is replaced by this build's fetcher mid-job: the parser reads both forms,
+    and every page is stored with its fields, none dead."""
+    broker = await Broker(settings, "test-copies").connect()
+    fetcher = services.supervisor.child("fetcher.1")
+    try:
+        queue = await copies(broker)
+        path = os.pathsep.join(p for p in (str(PREVIOUS_BUILD), os.environ.get("PYTHONPATH", "")) if p)
+        fetcher.extra_env = {"PYTHONPATH": path}
+        pid = services.supervisor.signal("fetcher.1", signal.SIGTERM)
+        await services.supervisor.wait_restarted("fetcher.1", pid, timeout=60)
+        urls = sandbox.urls()
+        await submit_urls(settings, "forms", urls)
+        await services.wait_for("forms", lambda c: c.stored >= 20, timeout=60)
+        fetcher.extra_env = {}
+        pid = services.supervisor.signal("fetcher.1", signal.SIGTERM)
+        await services.supervisor.wait_restarted("fetcher.1", pid, timeout=60)
+        assert services.counts("forms").pending > 0, "the job ended before the fetcher was replaced"
+        counts = await services.wait_done("forms", timeout=150)
+        seen = await drain(queue)
+    finally:
+        await broker.close()
+
+    assert counts.stored == len(urls) and counts.dead == 0, counts
+    store = Store(settings.store_location)
+    try:
+        assert store.dead_letters("forms") == []
+        items = list(store.items("forms"))
+    finally:
+        store.close()
+    assert len(items) == len(urls)
+    assert all(item["title"] for item in items), [item for item in items if not item["title"]][:3]
+    assert seen["page", False, False] > 0 and seen["page", False, True] > 0, seen
 
 
 async def fetched_again(

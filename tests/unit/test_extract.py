@@ -458,3 +458,33 @@ def test_a_long_value_is_quoted_short_in_the_error() -> None:
     with pytest.raises(ItemInvalid) as info:
         extract(f"<p>{'x' * 100_000}</p>", URL, 200, spec)
     assert len(str(info.value)) < 200
+
+
+# -- the text as UTF-8 (what a worker reads) -------------------------------------------------------
+
+UTF8_PAGES = [
+    PAGE,
+    "\u00a0\u3000 " + PAGE + "\u2003\n",  # whitespace outside ASCII around the document
+    PAGE.replace("Quiet", "Qu\x00iet"),  # a NUL inside a word
+    PAGE.replace("Teapot", "Th\u00e9i\u00e8re \u8336\u58fa \U0001f375"),
+    "<p class='desc'>no head, no body</p>",
+    "   ",
+    "\x00\n" + PAGE,  # a NUL before ASCII whitespace at the start
+    "\x1c " + PAGE + " \x1f",  # whitespace to Python, not to bytes.strip
+    "\n\t " + PAGE + "\r\n",
+]
+
+
+@pytest.mark.parametrize("text", UTF8_PAGES, ids=range(len(UTF8_PAGES)))
+def test_the_text_given_as_utf8_extracts_exactly_as_the_text_itself(text: str) -> None:
+    spec = spec_of(
+        {
+            "title": "css:title::text",
+            "h1": "xpath://h1/text()",
+            "price": {"css": "span.price::text", "re": r"[\d.]+"},
+            "all": {"xpath": "//text()", "many": True},
+            "links": {"css": "ul.links a::attr(href)", "many": True},
+        }
+    )
+    for page_spec in (spec, None):
+        assert extract(text, URL, 200, page_spec, utf8=text.encode("utf-8")) == extract(text, URL, 200, page_spec)

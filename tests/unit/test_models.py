@@ -9,6 +9,7 @@ import pytest
 from hutch.models import (
     MAX_PARKED,
     SCHEMA_VERSION,
+    SPLIT_PREFIX,
     AnyEvent,
     Attempt,
     DeadLetter,
@@ -117,6 +118,69 @@ def test_a_parked_message_with_no_task_or_too_many_is_refused(count: int) -> Non
     body = json.dumps({"v": 1, "tasks": [json.loads(encode(make_task())) for _ in range(count)]}).encode()
     with pytest.raises(DecodeError, match="Parked"):
         decode(body, Parked)
+
+
+def make_page(text: str) -> Page:
+    return Page(task=rich_task(), status=200, final_url="http://example.com/a", text=text, fetched_at=1.0)
+
+
+PAGE_TEXTS = [
+    '<html><title>"quoted"</title>\n<p>line\r\nbreaks\ttabs \\ backslash</p></html>',
+    "<p>caf\u00e9 \u65e5\u672c \U0001f600 \u2028 \x00 nul</p>\n\n",
+    "",
+    "\n" * 3 + '{"v":2,"looks":"like a head"}\n',
+]
+
+
+@pytest.mark.parametrize("text", PAGE_TEXTS, ids=range(len(PAGE_TEXTS)))
+def test_a_page_crosses_as_a_line_of_fields_then_its_text_as_utf8_and_comes_back_equal(text: str) -> None:
+    page = make_page(text)
+    body = encode(page)
+    head, newline, rest = body.partition(b"\n")
+    assert body.startswith(SPLIT_PREFIX) and newline == b"\n"
+    assert rest == text.encode("utf-8")  # as it is: nothing escaped
+    fields = json.loads(head)
+    assert fields["v"] == 2 and "text" not in fields and fields["task"]["url"] == "http://example.com/a"
+    assert decode(body, Page) == page
+
+
+def test_a_page_as_one_json_object_the_first_form_still_decodes() -> None:
+    page = make_page('<title>"old"</title>\n')
+    assert decode(page.model_dump_json(exclude_none=True).encode(), Page) == page
+
+
+def test_a_page_keeps_a_field_a_newer_producer_added_to_its_line() -> None:
+    head, _, text = encode(make_page("<p>x</p>")).partition(b"\n")
+    fields = json.loads(head)
+    fields["added_later"] = 7
+    page = decode(json.dumps(fields, separators=(",", ":")).encode() + b"\n" + text, Page)
+    assert page.model_extra == {"added_later": 7} and page.text == "<p>x</p>"
+
+
+def test_inside_a_dead_letter_a_page_stays_one_json_object_of_version_one() -> None:
+    letter = make_page("<p>x</p>\n").dead_letter("parse", "parse_error", "boom")
+    body = encode(letter)
+    assert json.loads(body)["page"]["v"] == 1 and json.loads(body)["page"]["text"] == "<p>x</p>\n"
+    assert decode(body, DeadLetter) == letter
+
+
+@pytest.mark.parametrize(
+    ("body", "match"),
+    [
+        (SPLIT_PREFIX + b'"status":200}', "no line of fields"),
+        (SPLIT_PREFIX + b'"status":200\n<p>', "no line of fields"),
+        (SPLIT_PREFIX + b'"status":200,"final_url":"u","fetched_at":1.0}\n<p>', "task"),
+    ],
+)
+def test_a_split_page_that_is_cut_or_lacks_a_field_fails_with_decode_error(body: bytes, match: str) -> None:
+    with pytest.raises(DecodeError, match=match):
+        decode(body, Page)
+
+
+def test_a_split_page_whose_text_is_not_utf8_fails_with_decode_error_saying_where() -> None:
+    head = encode(make_page("")).partition(b"\n")[0]
+    with pytest.raises(DecodeError, match=r"not UTF-8.*byte 3"):
+        decode(head + b"\n<p>\xff</p>", Page)
 
 
 def test_an_item_keeps_fields_whose_value_is_none() -> None:

@@ -37,9 +37,12 @@ def _carry(value: Any, data: Any) -> None:
 
 
 def encode(message: models.Model) -> bytes:
-    data = json.loads(_encode(message))
+    body = _encode(message)
+    # A page's split form: its line of fields gets the field; its text, after it, is as it was.
+    head, newline, text = body.partition(b"\n") if body.startswith(models.SPLIT_PREFIX) else (body, b"", b"")
+    data = json.loads(head)
     _carry(message, data)
-    return json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode()
+    return json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode() + newline + text
 
 
 models.encode = encode  # before any service module does `from hutch.models import encode`
