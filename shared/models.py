@@ -89,6 +89,11 @@ def encode(message: Model) -> bytes:
     return message.model_dump_json(exclude_none=True).encode()
 
 
+def content_type(message: Model | bytes) -> str:
+    """The AMQP content type of `message` as `encode` makes it (raw bytes: JSON, as before)."""
+    return PAGE_CONTENT_TYPE if isinstance(message, Page) else "application/json"
+
+
 def decode(body: bytes, model: type[M]) -> M:
     try:
         if model is Page and body.startswith(SPLIT_PREFIX):
@@ -392,6 +397,8 @@ class Page(Model):
 # How a page's JSON starts, in the first form and in the split one (`Page.split_form`).
 FIRST_PREFIX = b'{"v":1,'
 SPLIT_PREFIX = b'{"v":2,'
+# A split page is no JSON document: its content type says so to anyone who looks at a queue.
+PAGE_CONTENT_TYPE = "application/vnd.hutch.page"
 
 
 class Item(Model):

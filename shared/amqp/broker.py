@@ -34,7 +34,7 @@ from hutch import telemetry
 from hutch.amqp.consumer import Consumer, Delivery, Handler, _Consuming, copy_properties, message_type
 from hutch.amqp.transport import _Connection, transport_for
 from hutch.compression import pack, unpack
-from hutch.models import DecodeError, Model, decode, encode
+from hutch.models import DecodeError, Model, content_type, decode, encode
 from hutch.settings import Settings
 from hutch.topology import QueueSpec, Topology
 
@@ -263,7 +263,7 @@ class Broker:
         # Built here, not as aio-pika's Message: that object cost more than the rest of a
         # publish together (measured: bench/governor_permits.py). Same frames on the wire.
         properties = Basic.Properties(
-            content_type="application/json",
+            content_type=content_type(body),
             content_encoding=encoding,
             message_type=message_type(kind),
             message_id=uuid.uuid4().hex,

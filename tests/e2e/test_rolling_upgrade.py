@@ -37,7 +37,7 @@ from aio_pika.abc import AbstractQueue
 from hutch_sandbox import Sandbox, load_config
 
 from hutch.amqp import Broker
-from hutch.models import SPLIT_PREFIX
+from hutch.models import PAGE_CONTENT_TYPE, SPLIT_PREFIX
 from hutch.settings import Settings
 from hutch.store import Store
 from hutch.topology import PARSE_KEY, STORE_KEY
@@ -95,6 +95,7 @@ async def drain(queue: AbstractQueue) -> collections.Counter[tuple[str, bool, bo
         if message is None:
             break
         split = message.body.startswith(SPLIT_PREFIX)
+        assert message.content_type == (PAGE_CONTENT_TYPE if split else "application/json"), message.content_type
         body = json.loads(message.body.partition(b"\n")[0] if split else message.body)
         seen["page" if "final_url" in body else "item", NEXT_FIELD in body["task"], split] += 1
     return seen
