@@ -2,8 +2,9 @@
 
 A service started with this folder first on PYTHONPATH publishes every page as the previous
 build did: one JSON object, its text inside it (`Page`'s first form), marked
-`application/json`. What it reads is unchanged. A fetcher started so stands for an old fetcher still running while the parsers
-and storers are already this build (docs/messages.md: a page's split form).
+`application/json`. What it reads is unchanged. A fetcher started so stands for an old
+fetcher still running while the parsers and storers are already this build
+(docs/messages.md: a page's split form).
 """
 
 from __future__ import annotations
