@@ -86,6 +86,24 @@ async def copies(broker: Broker) -> AbstractQueue:
     return queue
 
 
+async def replace(services: Services, label: str, build: Path | None) -> None:
+    """Stop service `label` (SIGTERM) and start it again as `build` (None: this build)."""
+    path = os.pathsep.join(p for p in (str(build), os.environ.get("PYTHONPATH", "")) if p) if build else ""
+    services.supervisor.child(label).extra_env = {"PYTHONPATH": path} if build else {}
+    pid = services.supervisor.signal(label, signal.SIGTERM)
+    await services.supervisor.wait_restarted(label, pid, timeout=60)
+
+
+def stored_items(settings: Settings, job: str) -> list[dict[str, object]]:
+    """A job's items in the store, once it is sure no letter is dead."""
+    store = Store(settings.store_location)
+    try:
+        assert store.dead_letters(job) == []
+        return list(store.items(job))
+    finally:
+        store.close()
+
+
 async def drain(queue: AbstractQueue) -> collections.Counter[tuple[str, bool, bool]]:
     """How many copies there are of each kind (page or item), with the new field or without,
     in a page's split form (`Page.split_form`) or as one JSON object."""
@@ -110,11 +128,8 @@ async def test_a_job_survives_every_service_replaced_in_turn_by_a_build_with_an_
         urls = sandbox.urls()
         await submit_urls(settings, "rolling", urls)
         await services.wait_for("rolling", lambda c: c.stored >= 10, timeout=60)
-        path = os.pathsep.join(p for p in (str(NEXT_BUILD), os.environ.get("PYTHONPATH", "")) if p)
         for label in ORDER:
-            services.supervisor.child(label).extra_env = {"PYTHONPATH": path}
-            pid = services.supervisor.signal(label, signal.SIGTERM)
-            await services.supervisor.wait_restarted(label, pid, timeout=60)
+            await replace(services, label, NEXT_BUILD)
         during = services.counts("rolling")
         assert during.pending > 0, "the job ended before the last service was replaced"
         counts = await services.wait_done("rolling", timeout=150)
@@ -123,12 +138,7 @@ async def test_a_job_survives_every_service_replaced_in_turn_by_a_build_with_an_
         await broker.close()
 
     assert counts.stored == len(urls) and counts.dead == 0, counts
-    store = Store(settings.store_location)
-    try:
-        assert store.dead_letters("rolling") == []
-        assert len(list(store.items("rolling"))) == len(urls)
-    finally:
-        store.close()
+    assert len(stored_items(settings, "rolling")) == len(urls)
     fetched = page_fetches(sandbox)
     assert [page for page, n in fetched.items() if n > 1] == [], fetched
     # Both versions' pages and items crossed the broker, and were read by both versions.
@@ -143,19 +153,13 @@ async def test_pages_from_a_fetcher_of_the_build_before_the_split_form_are_parse
     and storer, then is replaced by this build's fetcher mid-job: the parser reads both forms,
     and every page is stored with its fields, none dead."""
     broker = await Broker(settings, "test-copies").connect()
-    fetcher = services.supervisor.child("fetcher.1")
     try:
         queue = await copies(broker)
-        path = os.pathsep.join(p for p in (str(PREVIOUS_BUILD), os.environ.get("PYTHONPATH", "")) if p)
-        fetcher.extra_env = {"PYTHONPATH": path}
-        pid = services.supervisor.signal("fetcher.1", signal.SIGTERM)
-        await services.supervisor.wait_restarted("fetcher.1", pid, timeout=60)
+        await replace(services, "fetcher.1", PREVIOUS_BUILD)
         urls = sandbox.urls()
         await submit_urls(settings, "forms", urls)
         await services.wait_for("forms", lambda c: c.stored >= 20, timeout=60)
-        fetcher.extra_env = {}
-        pid = services.supervisor.signal("fetcher.1", signal.SIGTERM)
-        await services.supervisor.wait_restarted("fetcher.1", pid, timeout=60)
+        await replace(services, "fetcher.1", None)
         assert services.counts("forms").pending > 0, "the job ended before the fetcher was replaced"
         counts = await services.wait_done("forms", timeout=150)
         seen = await drain(queue)
@@ -163,12 +167,7 @@ async def test_pages_from_a_fetcher_of_the_build_before_the_split_form_are_parse
         await broker.close()
 
     assert counts.stored == len(urls) and counts.dead == 0, counts
-    store = Store(settings.store_location)
-    try:
-        assert store.dead_letters("forms") == []
-        items = list(store.items("forms"))
-    finally:
-        store.close()
+    items = stored_items(settings, "forms")
     assert len(items) == len(urls)
     assert all(item["title"] for item in items), [item for item in items if not item["title"]][:3]
     assert seen["page", False, False] > 0 and seen["page", False, True] > 0, seen
