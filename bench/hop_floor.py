@@ -1,6 +1,6 @@
 """The floor under Hutch's CPU per page: what one durable hop through RabbitMQ costs.
 
-    .venv/bin/python bench/hop_floor.py [--messages 4000] [--hops 4] [--sizes 1,100] [--rounds 3]
+    .venv/bin/python bench/hop_floor.py [--messages 4000] [--hops 4] [--sizes 1,100] [--rounds 3] [--batch 1]
 
 Hutch hands every task from service to service as a message of its own: durable queues,
 persistent messages, publisher confirms, manual acks. This measures that contract and
@@ -15,6 +15,11 @@ through the whole chain, and the CPU milliseconds per message per hop, for the b
 and for the client processes (the hop processes' CPU over the hops; the producer's
 separately). Multiplied by the hops a page needs, that is the least any design with one
 durable message per task per step can spend, before doing any work of its own.
+
+With `--batch N`, N messages of the size travel as one AMQP message (their bodies end to end)
+at every hop: the figures stay per message, so they show what carrying several tasks in one
+message would save on the broker's and the client's side of each hop, and nothing of what
+packing and unpacking them would cost.
 """
 
 from __future__ import annotations
@@ -80,9 +85,10 @@ async def hop(url: str, source: str, target: str | None, count: int) -> None:
     await connection.close()
 
 
-async def produce(url: str, target: str, count: int, size: int) -> None:
+async def produce(url: str, target: str, count: int, size: int, batch: int) -> None:
     connection, channel = await connect(url)
-    body = os.urandom(size // 2).hex().encode()[:size]
+    body = os.urandom(size // 2).hex().encode()[:size] * batch
+    count //= batch
     started = own_cpu()
     for first in range(0, count, BATCH):
         await asyncio.gather(*(
@@ -108,12 +114,15 @@ def child(*args: str) -> subprocess.Popen[str]:
     )
 
 
-def one_round(url: str, broker_pid: int | None, hops: int, count: int, size: int, tag: str) -> dict[str, float]:
+def one_round(
+    url: str, broker_pid: int | None, hops: int, count: int, size: int, tag: str, batch: int = 1
+) -> dict[str, float]:
+    """One round of `count` messages (`count // batch` AMQP messages) through `hops` hops."""
     names = [f"floor.{tag}.{n}" for n in range(hops)]
     asyncio.run(declare(url, names))
     workers = [
         child("--role", "hop", "--url", url, "--source", names[n],
-              "--target", names[n + 1] if n + 1 < hops else "", "--count", str(count))
+              "--target", names[n + 1] if n + 1 < hops else "", "--count", str(count // batch))
         for n in range(hops)
     ]
     for worker in workers:
@@ -123,7 +132,7 @@ def one_round(url: str, broker_pid: int | None, hops: int, count: int, size: int
     broker_before = cpu_of(broker_pid) if broker_pid else 0.0
     started = time.perf_counter()
     producer = child("--role", "produce", "--url", url, "--target", names[0], "--count", str(count),
-                     "--size", str(size))
+                     "--size", str(size), "--batch", str(batch))
     produced = json.loads(producer.communicate(timeout=600)[0].strip().splitlines()[-1])
     hop_cpu = 0.0
     for worker in workers:
@@ -146,6 +155,7 @@ def main() -> None:
     parser.add_argument("--hops", type=int, default=4)
     parser.add_argument("--sizes", default="1,100", help="message sizes in KB, comma separated")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--batch", type=int, default=1, help="messages carried in one AMQP message")
     parser.add_argument("--role", choices=("hop", "produce"), help=argparse.SUPPRESS)
     parser.add_argument("--url", help=argparse.SUPPRESS)
     parser.add_argument("--source", help=argparse.SUPPRESS)
@@ -157,17 +167,20 @@ def main() -> None:
         asyncio.run(hop(args.url, args.source, args.target or None, args.count))
         return
     if args.role == "produce":
-        asyncio.run(produce(args.url, args.target, args.count, args.size))
+        asyncio.run(produce(args.url, args.target, args.count, args.size, args.batch))
         return
 
     from broker_node import private_node
 
     with private_node() as node:
-        print(f"broker: a node of its own ({node.nodename}); {args.hops} hops, {args.messages} messages a round",
-              flush=True)
+        print(
+            f"broker: a node of its own ({node.nodename}); {args.hops} hops, {args.messages} messages a round, "
+            f"{args.batch} to an AMQP message",
+            flush=True,
+        )
         for kb in (int(part) for part in args.sizes.split(",")):
             rounds = [
-                one_round(node.url, node.beam_pid(), args.hops, args.messages, kb * 1024, f"{kb}k{n}")
+                one_round(node.url, node.beam_pid(), args.hops, args.messages, kb * 1024, f"{kb}k{n}", args.batch)
                 for n in range(args.rounds)
             ]
             print(describe(kb, rounds), flush=True)
