@@ -96,6 +96,7 @@ bench-governor: broker
 	$(PY) bench/governor_sites.py
 	$(PY) bench/governor_permits.py
 	$(PY) bench/governor_memory.py
+	$(PY) bench/governor_wire.py
 
 # On a RabbitMQ node of its own (ulimit -n 20000), started and stopped by the benchmark.
 bench-frontier: $(STAMP)
