@@ -9,7 +9,7 @@ governor (`bench/speed.py --shapes small`: its spec, the sandbox's URLs) and tim
 - an outcome event as the fetcher publishes it, with the task in it (`Event`): what the
   governor decodes for every attempt, though it reads none of the task's fields;
 - the same body decoded by a model holding only the fields the governor reads (`Seen`,
-  defined here): what leaving the task out of the governor's decode would save;
+  made here from `Event`'s own declarations of them): what leaving the task out of the governor's decode would save;
 - a `Parked` of `--parked` tasks, decoded and encoded: what each park costs the governor
   for its task's wire form (the publish is one per `Parked`, not per task).
 
@@ -23,47 +23,42 @@ import argparse
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import yaml
-from pydantic import ConfigDict
+from pydantic import ConfigDict, create_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from speed import SPEC_YAML
 
-from hutch.models import Event, Model, Parked, Task, decode, encode, task_id
+from hutch.models import Event, Parked, Task, decode, encode, task_id
 from hutch.services.parser.spec import parse_spec
 
-
-class Seen(Model):
-    """The fields of an outcome event that the governor reads (`services/governor/core.py`),
-    the rest of the body ignored (a `Model` keeps unknown fields: the task would be kept)."""
-
-    model_config = ConfigDict(extra="ignore")
-    kind: str
-    task_id: str
-    job: str
-    domain: str
-    attempt: int
-    at: float
-    permit_id: str | None = None
-    outcome: str | None = None
-    status: int | None = None
-    retry_after: float | None = None
-    elapsed: float | None = None
-    next: str | None = None
+# The fields of an outcome event that the governor reads (`services/governor/core.py`), and
+# the ones every event must have.
+GOVERNOR_READS = ("kind", "task_id", "job", "domain", "attempt", "at", "permit_id", "outcome", "status",
+                  "retry_after", "elapsed", "next")
+# Those fields as `Event` declares them, the rest of the body ignored (a `Model` would keep
+# unknown fields, the task among them).
+Seen = create_model(
+    "Seen",
+    __config__=ConfigDict(extra="ignore"),
+    **{name: (Event.model_fields[name].annotation, Event.model_fields[name]) for name in GOVERNOR_READS},
+)
 
 
-def a_task(i: int) -> Task:
-    url = f"http://127.0.0.1:9001/page/{i}"
+def tasks(count: int) -> list[Task]:
+    """`count` tasks of a small-page job: `bench/speed.py`'s spec, the sandbox's URLs."""
     spec = parse_spec(yaml.safe_load(SPEC_YAML))
-    return Task(id=task_id("bench", url), job="bench", url=url, domain="127.0.0.1:9001", spec=spec, attempts=1)
+    urls = [f"http://127.0.0.1:9001/page/{i}" for i in range(count)]
+    return [Task(id=task_id("bench", url), job="bench", url=url, domain="127.0.0.1:9001", spec=spec, attempts=1)
+            for url in urls]
 
 
-def per_call(fn: object, count: int) -> float:
-    """Microseconds a call of `fn` (no arguments), over `count` calls."""
-    assert callable(fn)
+def per_call(fn: Callable[[], object], count: int) -> float:
+    """Microseconds a call of `fn`, over `count` calls."""
     start = time.perf_counter()
     for _ in range(count):
         fn()
@@ -76,11 +71,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--parked", type=int, default=64, help="tasks in the Parked message")
     args = parser.parse_args()
-    task = a_task(0)
+    made = tasks(args.parked)
+    task = made[0]
     event = Event(kind="outcome", task_id=task.id, job=task.job, domain=task.domain, attempt=1, outcome="ok",
                   status=200, elapsed=0.02, next="parse", task=task)
     body = encode(event)
-    parked = Parked(tasks=[a_task(i) for i in range(args.parked)])
+    parked = Parked(tasks=made)
     parked_body = encode(parked)
     calls = max(1, args.count // args.parked)
     figures: dict[str, list[float]] = {"event": [], "seen": [], "parked_decode": [], "parked_encode": []}
