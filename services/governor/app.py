@@ -143,14 +143,19 @@ RECALL_EVERY = 0.5  # seconds between two looks for a domain idle while its task
 RECALL_MAX = 256  # parks taken back early in one look, at most
 RECALL_MISSES = 32  # ...and from one park queue, no more once this many in a row were others' parks
 PARK_GATHER = 0.02  # seconds a park waits for others of its domain, queue and second (one `Parked`)
-# Tasks of `Parked` messages a governor may hold unacked, per message its shards' windows
-# allow: a `Parked` is acked when its last task is released, so without a bound a window of
-# 256 messages could keep the bodies of 256 x 256 tasks of each shard in memory (a task is
-# let go once taken, but its message's body stays until the ack), and a crash would release
-# all of them again.
+# Tasks of `Parked` messages a governor may have held or still to place, per message its
+# shards' windows allow (16,384 by default): a `Parked` is acked when its last task is
+# released, so without a bound a window of 256 messages could keep 256 x 256 decoded tasks of
+# each shard in memory. A task counts until it is passed on (released, parked again, ended):
+# counted whole until its message was acked, a job's new tasks 256 to a message filled the
+# bound with some 1,300 tasks held, and the governor spent its time decoding the messages it
+# sent back whole (docs/benchmarks.md, eighteenth round).
 PINNED_PER_SLOT = 4
-# Tasks past their hold stay held (nothing behind them in their shard) only while the `Parked`
-# messages being handled hold less than this share of that bound (2,048 tasks by default).
+# ...and the bodies of those messages, which stay until the ack (a task with a small spec is
+# about 0.7 KB of body, 5 KB decoded).
+PINNED_BODIES = 64 * 1024 * 1024
+# Tasks past their hold stay held (nothing behind them in their shard) only while the tasks of
+# `Parked` messages held or still to place are less than this share of that bound (2,048).
 KEEP_SHARE = 8
 SHARD_LOOK = 0.5  # seconds between two looks at how many tasks wait in each frontier shard
 
@@ -289,7 +294,8 @@ class Governor(Service):
         self._park_messages = 0  # ...and the messages they were parked in (`Parked`)
         # Parks being gathered: (park queue's delay, second due back, domain) -> its bundle.
         self._bundles: dict[tuple[float, int, str], ParkBundle] = {}
-        self._pinned = 0  # tasks of the `Parked` messages being handled (unacked)
+        self._pinned = 0  # tasks of the `Parked` messages being handled, held or still to place
+        self._pinned_bytes = 0  # ...and the bodies of those messages (unacked)
         self._parked_handled: set[Delivery] = set()  # ...and those messages
         # `Parked` message id -> when it was taken, and which of its tasks (by index) this
         # governor has passed on since: a delivery of it again takes only the others.
@@ -827,10 +833,11 @@ class Governor(Service):
 
         The message stays unacked until its last task is released, but a task released is
         not kept for it: the list is emptied as the tasks are taken, so what stays in memory
-        is the body and the tasks still held (a decoded task with a spec is about 5 KB, and
-        the `Parked` messages being handled may hold 16,384 tasks). On a failure the list is
-        decoded again from the body, for the dead letters the layer makes at the end of those
-        not passed on.
+        is the body and the tasks still held (a decoded task with a spec is about 5 KB). Those
+        tasks, and the bodies, are bounded (`PINNED_PER_SLOT`, `PINNED_BODIES`); a message
+        that would go past either goes back to the shortest park queue whole. On a failure
+        the list is decoded again from the body, for the dead letters the layer makes at the
+        end of those not passed on.
         """
         if self.stopping.is_set():
             raise Requeue("stopping", backoff=False)
@@ -839,8 +846,10 @@ class Governor(Service):
             self._watch_copies(parked.tasks)
         passed = self._passed_of(message)
         left = [(i, task) for i, task in enumerate(parked.tasks) if i not in passed]
-        count = len(left)
-        if not left or (self._pinned and self._pinned + count > self._pinned_max):
+        count, size = len(left), len(message.body)
+        if not left or (self._pinned and (
+            self._pinned + count > self._pinned_max or self._pinned_bytes + size > PINNED_BODIES
+        )):
             if left:
                 # Its tasks would stay in memory until the last of them is released: back to
                 # the shortest park queue, for when the messages handled now are done.
@@ -855,9 +864,10 @@ class Governor(Service):
             if message.message_id is not None:
                 self._passed.pop(message.message_id, None)
             return
-        taking = [self._take_parked(task, message, passed, i) for i, task in left]
+        taking = [self._take_pinned(task, message, passed, i) for i, task in left]
         del left
         self._pinned += count
+        self._pinned_bytes += size
         self._parked_handled.add(message)
         shard = topology.shard_of(parked.domain)
         self._in_window[shard] += 1
@@ -875,7 +885,7 @@ class Governor(Service):
             parked.tasks[:] = [task for i, task in enumerate(tasks) if i not in passed]
             raise
         finally:
-            self._pinned -= count
+            self._pinned_bytes -= size
             self._parked_handled.discard(message)
             self._in_window[shard] -= 1
             if message.message_id is not None:
@@ -928,6 +938,13 @@ class Governor(Service):
         if known is None:
             known = self._passed[key] = (time.time(), set())
         return known[1]
+
+    async def _take_pinned(self, task: Task, message: Delivery, passed: set[int], index: int) -> None:
+        """`_take_parked`, counted in `_pinned` until it returns (the task passed on, or let go)."""
+        try:
+            await self._take_parked(task, message, passed, index)
+        finally:
+            self._pinned -= 1
 
     async def _take_parked(self, task: Task, message: Delivery, passed: set[int], index: int) -> None:
         """One task of a `Parked`: taken as if it came alone; a dead one becomes a dead letter
@@ -1055,9 +1072,9 @@ class Governor(Service):
     def _nothing_behind(self, domain: str) -> bool:
         """Whether a task of `domain` past its hold may stay held rather than be parked: its
         shard had no task waiting at the last look, this governor holds fewer than half of
-        the shard's window of its messages, and the `Parked` messages it handles hold less
-        than an eighth of their bound (`KEEP_SHARE`, 2,048 tasks by default): with no such
-        bound the 100,000-URL run held 16,000 tasks (`_room_alone`).
+        the shard's window of its messages, and the tasks of `Parked` messages it holds or
+        has still to place are less than an eighth of their bound (`KEEP_SHARE`, 2,048 by
+        default): with no such bound the 100,000-URL run held 16,000 tasks (`_room_alone`).
 
         A park is how the governor looks past one domain's backlog to the domains behind it
         in the shard: the window is a few hundred messages, the backlog may be millions.
@@ -1371,8 +1388,8 @@ class Governor(Service):
             log.info(
                 "%.0f permits/s; %d domains, %d tasks held, %.0f parked/s in %.0f messages/s (%.0f/s back from a park, "
                 "%.0f/s of them parked again at once, %.0f/s taken back early for an idle domain; "
-                "%.0f/s held past the hold, nothing behind them in their shard; %d tasks in the Parked "
-                "messages being handled); %d in flight of %d; outcomes heard %.0f ms after the fact",
+                "%.0f/s held past the hold, nothing behind them in their shard; %d tasks of Parked "
+                "messages held or being placed); %d in flight of %d; outcomes heard %.0f ms after the fact",
                 (released - last) / every,
                 len(self.lines),
                 held,

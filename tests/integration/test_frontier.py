@@ -501,6 +501,28 @@ async def test_parked_messages_past_the_governors_bound_wait_in_a_park_queue_and
     assert len(standin.of(domain)) == len(tasks)  # each once
 
 
+async def test_tasks_of_a_parked_message_released_no_longer_count_against_the_bound(
+    broker: Broker, start_governor: StartGovernor
+) -> None:
+    """The bound (here 1 x 2 x 4 = 8 tasks) counts the tasks held or still to place, not
+    every task of a message until its ack: with 4 of a first `Parked` of 6 released, a
+    second of 5 is taken at once. Counted whole, it went back to a park queue (6 + 5 > 8),
+    and a job's new tasks 256 to a message filled the bound with a few held in each."""
+    topology = broker.topology
+    domain = "counted.test"
+    tasks = [make_task(domain, n) for n in range(11)]
+    standin = await StandIn(broker).start()
+    governor = await start_governor(frontier_window=2)  # 2 tasks a second
+    await broker.publish(topology.frontier, topology.shard_key(domain), Parked(tasks=tasks[:6]))
+    await wait_for(lambda: len(standin.of(domain)) >= 4, timeout=15)
+    assert governor._pinned <= 2
+    await broker.publish(topology.frontier, topology.shard_key(domain), Parked(tasks=tasks[6:]))
+    await wait_for(lambda: {t.id for t in standin.of(domain)} == {t.id for t in tasks}, timeout=30)
+    assert governor._deflected == 0
+    assert len(standin.of(domain)) == len(tasks)  # each once
+    await wait_for(lambda: (governor._pinned, governor._pinned_bytes) == (0, 0), timeout=5)
+
+
 async def test_a_governor_keeps_in_memory_only_the_tasks_of_a_parked_message_not_yet_released(
     broker: Broker, start_governor: StartGovernor
 ) -> None:
