@@ -12,7 +12,6 @@ from the job and the URL).
 
 from __future__ import annotations
 
-import asyncio
 import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -20,6 +19,7 @@ from pathlib import Path
 
 from hutch.amqp import Broker
 from hutch.crawl import crawl_task_id, is_crawl
+from hutch.frontier import publish_new
 from hutch.models import MAX_SUBMISSION_URLS, Spec, Submission, Task, task_id
 from hutch.store import AsyncStore
 from hutch.topology import INTAKE_KEY
@@ -212,10 +212,7 @@ async def submit(
         messages = {t.id: t.model_dump_json(exclude_none=True) for t in batch.values()}  # for the reconciler
         # Both writes may be run again: the tasks are recorded once, and only `new` ones marked.
         waiting = await store.run_again_on_conflict(lambda s: s.add_tasks(rows, messages))
-        topology = broker.topology
-        await asyncio.gather(
-            *(broker.publish(topology.frontier, topology.shard_key(batch[i].domain), batch[i]) for i in waiting)
-        )
+        await publish_new(broker, (batch[i] for i in waiting))  # one message per domain (hutch.frontier)
         await store.run_again_on_conflict(lambda s: s.mark_queued(waiting))
         result.published += len(waiting)
         result.already += len(batch) - len(waiting)

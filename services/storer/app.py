@@ -34,6 +34,7 @@ import time
 
 from hutch.amqp import Dead, Delivery, PublishFailed, Requeue, queue_depth, serve_rpc
 from hutch.crawl import crawl_links
+from hutch.frontier import publish_new
 from hutch.models import (
     AnyEvent,
     DeadLetter,
@@ -150,10 +151,7 @@ class Storer(Service):
         await self._write(write)
         if not admitted:
             return
-        topology = self.broker.topology
-        await asyncio.gather(
-            *(self.broker.publish(topology.frontier, topology.shard_key(task.domain), task) for task in admitted)
-        )
+        await publish_new(self.broker, admitted)
         await self._write(lambda store: store.mark_queued([task.id for task in admitted]))
 
     async def _stored(self, query: StoredQuery) -> StoredAnswer:

@@ -14,17 +14,20 @@ import gc
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 from aio_pika.abc import AbstractIncomingMessage
 from pamqp.commands import Basic
 
-from hutch.amqp import CRASHES, Broker, Delivery
+from hutch.amqp import CRASHES, Broker, Delivery, message_type
 from hutch.models import DeadLetter, Event, EventBatch, FetcherHeartbeat, JobControl, Parked, Task, decode, task_id
+from hutch.services.control.submit import submit as submit_job
 from hutch.services.governor.app import Governor
 from hutch.services.governor.lines import PACE_MARGIN, RETURN_MARGIN
 from hutch.settings import Settings
+from hutch.store import AsyncStore
 from hutch.topology import event_key
 
 from .test_amqp import depth, get_one
@@ -704,3 +707,43 @@ async def test_a_governor_stopped_while_busy_publishes_the_released_event_of_eve
     released = {t.permit.id for t in standin.released if t.permit is not None}
     logged = await released_log(broker)
     assert released - logged == set()  # none unheard by the governors that come next
+
+
+async def test_a_submitted_job_goes_into_its_shard_as_one_message_per_domain_and_each_task_is_released_once(
+    broker: Broker, start_governor: StartGovernor, tmp_path: Path
+) -> None:
+    """`hutch submit`'s path (the storer's for an intake message too) publishes each batch's
+    tasks of one domain as one `Parked` (`hutch.frontier`), a domain with one task as a
+    `Task`: 300 URLs of one site and 40 of another in one job, a lone URL of a third. The
+    shard holds a handful of messages, not 341, and the governor releases every task once."""
+    big, other, lone = "many.test", "some.test", "lone.test"
+    urls = [*(f"http://{big}/p/{n}" for n in range(300)), *(f"http://{other}/p/{n}" for n in range(40)),
+            f"http://{lone}/only"]
+    store = await AsyncStore(f"sqlite:///{tmp_path / 'hutch.sqlite3'}").open()
+    try:
+        result = await submit_job(broker, store, "grouped", iter(urls), None)
+        states = await store.run(lambda s: collections.Counter(t["state"] for t in s.tasks("grouped")))
+    finally:
+        await store.close()
+    assert result.published == len(urls) and states == {"queued": len(urls)}
+
+    shard = broker.topology.shard_queue(0).name
+    messages = await depth(broker, shard)
+    # The first batch (32) has each domain's first URL ahead of the rest, then batches of 500.
+    assert messages <= 8, messages
+    bodies: list[Task | Parked] = []
+    for _ in range(messages):
+        got = await get_one(broker, shard)
+        kind = Parked if got.type == message_type("Parked") else Task
+        bodies.append(broker.decode(got.body, got.content_encoding, kind))
+        await broker.publish(broker.topology.frontier, broker.topology.shard_key(bodies[-1].domain), bodies[-1])
+    tasks = [t for body in bodies for t in (body.tasks if isinstance(body, Parked) else [body])]
+    assert sorted(t.url for t in tasks) == sorted(urls)  # each once
+    assert all(isinstance(body, Parked) for body in bodies if body.domain != lone)
+    assert [type(body) for body in bodies if body.domain == lone] == [Task]
+
+    standin = await StandIn(broker).start()
+    await start_governor(rate=200.0, burst=20)
+    await wait_for(lambda: len(standin.released) >= len(urls), timeout=40)
+    await asyncio.sleep(0.5)
+    assert sorted(t.url for t in standin.released) == sorted(urls)  # each released once
