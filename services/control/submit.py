@@ -212,7 +212,7 @@ async def submit(
         messages = {t.id: t.model_dump_json(exclude_none=True) for t in batch.values()}  # for the reconciler
         # Both writes may be run again: the tasks are recorded once, and only `new` ones marked.
         waiting = await store.run_again_on_conflict(lambda s: s.add_tasks(rows, messages))
-        await publish_new(broker, (batch[i] for i in waiting))  # one message per domain (hutch.frontier)
+        await publish_new(broker, (batch[i] for i in waiting))  # a domain's, a few to a message (hutch.frontier)
         await store.run_again_on_conflict(lambda s: s.mark_queued(waiting))
         result.published += len(waiting)
         result.already += len(batch) - len(waiting)

@@ -70,6 +70,7 @@ import aiormq
 from aio_pika.abc import AbstractChannel, AbstractQueue
 
 from hutch.amqp import Broker, Dead, Delivery, PublishFailed, Requeue, copy_properties, declare_queue, queue_depth
+from hutch.frontier import PER_MESSAGE
 from hutch.metrics import Metric, by_label, gauge
 from hutch.migrate import frontier_tasks, migrate
 from hutch.models import (
@@ -150,7 +151,7 @@ PARK_GATHER = 0.02  # seconds a park waits for others of its domain, queue and s
 # counted whole until its message was acked, a job's new tasks 256 to a message filled the
 # bound with some 1,300 tasks held, and the governor spent its time decoding the messages it
 # sent back whole (docs/benchmarks.md, eighteenth round).
-PINNED_PER_SLOT = 4
+PINNED_PER_SLOT = PER_MESSAGE  # 4: a job's new tasks come that many to a message (hutch.frontier)
 # ...and the bodies of those messages, which stay until the ack (a task with a small spec is
 # about 0.7 KB of body, 5 KB decoded).
 PINNED_BODIES = 64 * 1024 * 1024

@@ -1,9 +1,9 @@
-"""New tasks as frontier messages (`hutch.frontier.frontier_messages`): one per domain."""
+"""New tasks as frontier messages (`hutch.frontier.frontier_messages`): a domain's together, a few to a message."""
 
 from __future__ import annotations
 
-from hutch.frontier import frontier_messages
-from hutch.models import MAX_PARKED, Parked, Task, task_id
+from hutch.frontier import PER_MESSAGE, frontier_messages
+from hutch.models import Parked, Task, task_id
 
 
 def task(domain: str, n: int) -> Task:
@@ -23,9 +23,9 @@ def test_each_domains_tasks_go_as_one_parked_in_the_order_given_and_a_lone_task_
 
 
 def test_a_domain_with_more_than_a_parked_holds_goes_in_several_and_none_is_lost() -> None:
-    tasks = [task("big.test", n) for n in range(2 * MAX_PARKED + 1)]
+    tasks = [task("big.test", n) for n in range(2 * PER_MESSAGE + 1)]
     messages = list(frontier_messages(tasks))
-    assert [len(m.tasks) if isinstance(m, Parked) else 1 for m in messages] == [MAX_PARKED, MAX_PARKED, 1]
+    assert [len(m.tasks) if isinstance(m, Parked) else 1 for m in messages] == [PER_MESSAGE, PER_MESSAGE, 1]
     out = [t for m in messages for t in (m.tasks if isinstance(m, Parked) else [m])]
     assert out == tasks
 
