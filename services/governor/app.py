@@ -865,7 +865,7 @@ class Governor(Service):
             if message.message_id is not None:
                 self._passed.pop(message.message_id, None)
             return
-        taking = [self._take_pinned(task, message, passed, i) for i, task in left]
+        taking = [self._take_parked(task, message, passed, i) for i, task in left]
         del left
         self._pinned += count
         self._pinned_bytes += size
@@ -940,17 +940,10 @@ class Governor(Service):
             known = self._passed[key] = (time.time(), set())
         return known[1]
 
-    async def _take_pinned(self, task: Task, message: Delivery, passed: set[int], index: int) -> None:
-        """`_take_parked`, counted in `_pinned` until it returns (the task passed on, or let go)."""
-        try:
-            await self._take_parked(task, message, passed, index)
-        finally:
-            self._pinned -= 1
-
     async def _take_parked(self, task: Task, message: Delivery, passed: set[int], index: int) -> None:
         """One task of a `Parked`: taken as if it came alone; a dead one becomes a dead letter
         of its own, and one to return goes back to its shard alone. Once passed on, its index
-        goes into `passed`."""
+        goes into `passed`. Counted in `_pinned` until this returns."""
         topology = self.broker.topology
         try:
             if not await self._take(task, message):
@@ -963,6 +956,8 @@ class Governor(Service):
             if message.channel_closed:  # all of it comes back
                 raise
             await self.broker.publish(topology.frontier, topology.shard_key(task.domain), task)
+        finally:
+            self._pinned -= 1
         passed.add(index)
 
     async def _on_task(self, task: Task, message: Delivery) -> None:

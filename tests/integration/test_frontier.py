@@ -710,7 +710,7 @@ async def test_a_governor_stopped_while_busy_publishes_the_released_event_of_eve
     assert released - logged == set()  # none unheard by the governors that come next
 
 
-async def test_a_submitted_job_goes_into_its_shard_as_one_message_per_domain_and_each_task_is_released_once(
+async def test_a_submitted_job_goes_into_its_shard_a_few_tasks_of_a_domain_to_a_message_and_each_is_released_once(
     broker: Broker, start_governor: StartGovernor, tmp_path: Path
 ) -> None:
     """`hutch submit`'s path (the storer's for an intake message too) publishes each batch's
