@@ -1,6 +1,7 @@
 """The floor under Hutch's CPU per page: what one durable hop through RabbitMQ costs.
 
     .venv/bin/python bench/hop_floor.py [--messages 4000] [--hops 4] [--sizes 1,100] [--rounds 3] [--batch 1]
+                                        [--transient]
 
 Hutch hands every task from service to service as a message of its own: durable queues,
 persistent messages, publisher confirms, manual acks. This measures that contract and
@@ -20,6 +21,10 @@ With `--batch N`, N messages of the size travel as one AMQP message (their bodie
 at every hop: the figures stay per message, so they show what carrying several tasks in one
 message would save on the broker's and the client's side of each hop, and nothing of what
 packing and unpacking them would cost.
+
+With `--transient` the messages are transient (delivery mode 1) in the same durable queues,
+confirmed and acked as before: what persistence costs a hop, which Hutch spares the pages on
+their way to the parsers and the items on their way to the storer (`HUTCH_PERSIST_PAGES`).
 """
 
 from __future__ import annotations
@@ -60,7 +65,11 @@ async def connect(url: str) -> tuple[aio_pika.abc.AbstractConnection, aio_pika.a
     return connection, channel
 
 
-async def hop(url: str, source: str, target: str | None, count: int) -> None:
+def delivery_mode(transient: bool) -> aio_pika.DeliveryMode:
+    return aio_pika.DeliveryMode.NOT_PERSISTENT if transient else aio_pika.DeliveryMode.PERSISTENT
+
+
+async def hop(url: str, source: str, target: str | None, count: int, transient: bool = False) -> None:
     """Consume `count` messages from `source`; each is published to `target` (confirmed), then acked."""
     connection, channel = await connect(url)
     queue = await channel.declare_queue(source, durable=True, passive=True)
@@ -71,7 +80,7 @@ async def hop(url: str, source: str, target: str | None, count: int) -> None:
     async def handle(message: aio_pika.abc.AbstractIncomingMessage) -> None:
         nonlocal seen
         if target is not None:
-            out = aio_pika.Message(message.body, delivery_mode=aio_pika.DeliveryMode.PERSISTENT)
+            out = aio_pika.Message(message.body, delivery_mode=delivery_mode(transient))
             await channel.default_exchange.publish(out, routing_key=target)
         await message.ack()
         seen += 1
@@ -85,7 +94,7 @@ async def hop(url: str, source: str, target: str | None, count: int) -> None:
     await connection.close()
 
 
-async def produce(url: str, target: str, count: int, size: int, batch: int) -> None:
+async def produce(url: str, target: str, count: int, size: int, batch: int, transient: bool = False) -> None:
     connection, channel = await connect(url)
     body = os.urandom(size // 2).hex().encode()[:size] * batch
     count //= batch
@@ -93,7 +102,7 @@ async def produce(url: str, target: str, count: int, size: int, batch: int) -> N
     for first in range(0, count, BATCH):
         await asyncio.gather(*(
             channel.default_exchange.publish(
-                aio_pika.Message(body, delivery_mode=aio_pika.DeliveryMode.PERSISTENT), routing_key=target
+                aio_pika.Message(body, delivery_mode=delivery_mode(transient)), routing_key=target
             )
             for _ in range(first, min(first + BATCH, count))
         ))
@@ -115,14 +124,16 @@ def child(*args: str) -> subprocess.Popen[str]:
 
 
 def one_round(
-    url: str, broker_pid: int | None, hops: int, count: int, size: int, tag: str, batch: int = 1
+    url: str, broker_pid: int | None, hops: int, count: int, size: int, tag: str, batch: int = 1,
+    transient: bool = False,
 ) -> dict[str, float]:
     """One round of `count` messages (`count // batch` AMQP messages) through `hops` hops."""
     names = [f"floor.{tag}.{n}" for n in range(hops)]
     asyncio.run(declare(url, names))
     workers = [
         child("--role", "hop", "--url", url, "--source", names[n],
-              "--target", names[n + 1] if n + 1 < hops else "", "--count", str(count // batch))
+              "--target", names[n + 1] if n + 1 < hops else "", "--count", str(count // batch),
+              *(["--transient"] if transient else []))
         for n in range(hops)
     ]
     for worker in workers:
@@ -132,7 +143,7 @@ def one_round(
     broker_before = cpu_of(broker_pid) if broker_pid else 0.0
     started = time.perf_counter()
     producer = child("--role", "produce", "--url", url, "--target", names[0], "--count", str(count),
-                     "--size", str(size), "--batch", str(batch))
+                     "--size", str(size), "--batch", str(batch), *(["--transient"] if transient else []))
     produced = json.loads(producer.communicate(timeout=600)[0].strip().splitlines()[-1])
     hop_cpu = 0.0
     for worker in workers:
@@ -156,6 +167,7 @@ def main() -> None:
     parser.add_argument("--sizes", default="1,100", help="message sizes in KB, comma separated")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--batch", type=int, default=1, help="messages carried in one AMQP message")
+    parser.add_argument("--transient", action="store_true", help="transient messages (delivery mode 1)")
     parser.add_argument("--role", choices=("hop", "produce"), help=argparse.SUPPRESS)
     parser.add_argument("--url", help=argparse.SUPPRESS)
     parser.add_argument("--source", help=argparse.SUPPRESS)
@@ -164,10 +176,10 @@ def main() -> None:
     parser.add_argument("--size", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.role == "hop":
-        asyncio.run(hop(args.url, args.source, args.target or None, args.count))
+        asyncio.run(hop(args.url, args.source, args.target or None, args.count, args.transient))
         return
     if args.role == "produce":
-        asyncio.run(produce(args.url, args.target, args.count, args.size, args.batch))
+        asyncio.run(produce(args.url, args.target, args.count, args.size, args.batch, args.transient))
         return
 
     from broker_node import private_node
@@ -175,12 +187,13 @@ def main() -> None:
     with private_node() as node:
         print(
             f"broker: a node of its own ({node.nodename}); {args.hops} hops, {args.messages} messages a round, "
-            f"{args.batch} to an AMQP message",
+            f"{args.batch} to an AMQP message, {'transient' if args.transient else 'persistent'}",
             flush=True,
         )
         for kb in (int(part) for part in args.sizes.split(",")):
             rounds = [
-                one_round(node.url, node.beam_pid(), args.hops, args.messages, kb * 1024, f"{kb}k{n}", args.batch)
+                one_round(node.url, node.beam_pid(), args.hops, args.messages, kb * 1024, f"{kb}k{n}", args.batch,
+                          args.transient)
                 for n in range(args.rounds)
             ]
             print(describe(kb, rounds), flush=True)

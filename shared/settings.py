@@ -130,6 +130,11 @@ class Settings(BaseSettings):
     compress_above: int = Field(
         0, ge=0, description="message bodies over this many bytes cross the broker zlib-compressed; 0: never"
     )
+    persist_pages: bool = Field(
+        False,
+        description="pages to the parsers and items to the storer as persistent messages; off: transient "
+        "on classic queues, and tasks whose page or item a broker loses are fetched again",
+    )
     max_inflated_bytes: int | None = Field(
         None, ge=1, description="largest size a compressed message body may inflate to; default 4 x max_body_bytes"
     )

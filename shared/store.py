@@ -327,7 +327,7 @@ class Silent:
     attempts: int
     incarnation: int
     rescues: int
-    due_at: float
+    due_at: float | None  # None: its page went to the parsers (`pages_sent_before`)
     message: str | None
     spec: str | None  # the job's spec (JSON), to rebuild a task recorded without its message
 
@@ -1040,6 +1040,23 @@ class Store:
         ).fetchall()
         return [Silent(**dict(row)) for row in rows]
 
+    def pages_sent_before(self, before: float, limit: int) -> list[Silent]:
+        """Tasks whose page went to the parsers in their latest attempt, made before `before`,
+        and not stored or dead since: those whose page or item a broker that lost its
+        transient messages may have had (`hutch.services.storer.lost`). Such a task is in
+        flight with no `due_at`, or still `queued` when its outcome came before its release
+        (which is then old news). One moved since `before` (rescued) is not one. At most
+        `limit`."""
+        rows = self.db.execute(
+            "SELECT t.id, t.job, t.url, t.domain, t.state, t.attempts, t.incarnation, t.rescues, "
+            "t.due_at, t.message, j.spec FROM tasks AS t LEFT JOIN jobs AS j ON j.name = t.job "
+            "WHERE t.state IN ('queued', 'in_flight') AND t.due_at IS NULL AND t.updated_at < ? "
+            "AND (SELECT a.next FROM attempts AS a WHERE a.task_id = t.id ORDER BY a.at DESC LIMIT 1) = 'parse' "
+            "AND (SELECT MAX(a.at) FROM attempts AS a WHERE a.task_id = t.id) < ? LIMIT ?",
+            (before, before, int(limit)),
+        ).fetchall()
+        return [Silent(**dict(row)) for row in rows]
+
     def begin_rescue(self, silent: Silent, rescued: Task, now: float) -> bool:
         """Claim a rescue: record `rescued` (the new incarnation) as the task's message and
         count the rescue, if the task has not moved since it was read.
@@ -1051,7 +1068,8 @@ class Store:
         with self._tx():
             cursor = self.db.execute(
                 "UPDATE tasks SET incarnation = ?, message = ?, rescues = rescues + 1, due_at = ?, "
-                "updated_at = ? WHERE id = ? AND state = ? AND incarnation = ? AND due_at = ?",
+                "updated_at = ? WHERE id = ? AND state = ? AND incarnation = ? AND "
+                + ("due_at IS NULL" if silent.due_at is None else "due_at = ?"),
                 (
                     rescued.incarnation,
                     rescued.model_dump_json(exclude_none=True),
@@ -1060,7 +1078,7 @@ class Store:
                     silent.id,
                     silent.state,
                     silent.incarnation,
-                    silent.due_at,
+                    *(() if silent.due_at is None else (silent.due_at,)),
                 ),
             )
             return bool(cursor.rowcount > 0)

@@ -42,6 +42,8 @@ Shape (see the design card):
   queue (`rpc.reply.<service>.<id>`) and matches answers by correlation id.
 - `rpc.stored`: the storers' answers to "is this task stored?", asked by a fetcher before it
   fetches again a task a fetcher died holding.
+- `alive`: one transient message, by which a storer tells that the broker lost its transient
+  messages (`hutch.services.storer.lost`).
 - Routing keys: every one is named below (`FETCH_KEY`, `RELEASED`, `outcome_key`...), and
   each governor's own event queue is `governor_events`.
 """
@@ -201,6 +203,7 @@ class Topology:
         self.jobs = p + "jobs"
         self.released_log = p + "released.log"
         self.proxy_state = p + "proxy-state"
+        self.alive = p + "alive"
 
     # -- arguments -----------------------------------------------------------------
 
@@ -351,6 +354,9 @@ class Topology:
             QueueSpec(self.rpc_proxy, {**work, "x-single-active-consumer": True}),
             # Any storer answers: the store is shared.
             QueueSpec(self.rpc_stored, work),
+            # One transient marker, no more (a second is refused): gone, the broker lost its
+            # transient messages (hutch.services.storer.lost).
+            QueueSpec(self.alive, {**plain, "x-max-length": 1, "x-overflow": "reject-publish"}),
             # Tasks of paused jobs, every job in one queue: no consumer until a job resumes
             # or is cancelled, then the governors sort it through once.
             QueueSpec(self.paused, work),

@@ -457,9 +457,12 @@ class Fetcher(Service):
                 fetched_at=record.at,
                 gzip_body=gzip_body,
             )
-            # A job that keeps its pages: the archive (the storer's) gets a copy too.
+            # A job that keeps its pages: the archive (the storer's) gets a copy too, persistent.
+            # Any other page is transient unless HUTCH_PERSIST_PAGES: if the broker loses it,
+            # the storer has the task fetched again (hutch.services.storer.lost).
             kept = task.spec is not None and task.spec.archive
-            await self.broker.publish(topology.work, ARCHIVE_KEY if kept else PARSE_KEY, page)
+            persistent = kept or self.settings.persist_pages
+            await self.broker.publish(topology.work, ARCHIVE_KEY if kept else PARSE_KEY, page, persistent=persistent)
         elif action == "retry":
             assert decision.delay is not None
             self.metrics.count(self.metrics.retries, task.domain, reason)

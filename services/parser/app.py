@@ -56,7 +56,9 @@ class Parser(Service):
         self.metrics.parsed.labels("ok").inc()
         self.metrics.parse_seconds.observe(time.monotonic() - started)
         item = Item(task=page.task, status=page.status, fields=fields, parsed_at=time.time(), links=links)
-        await self.broker.publish(self.broker.topology.work, STORE_KEY, item)
+        # Transient unless HUTCH_PERSIST_PAGES, as its page was (hutch.services.storer.lost).
+        persistent = self.settings.persist_pages or bool(spec is not None and spec.archive)
+        await self.broker.publish(self.broker.topology.work, STORE_KEY, item, persistent=persistent)
 
     @staticmethod
     def _domain_of(page: Page) -> str:

@@ -51,7 +51,7 @@ from hutch.service import Service
 from hutch.services.control.jobs import append_control
 from hutch.services.control.submit import JobNameError, check_job_name, submit
 from hutch.services.proxy_manager.pool import TIERS
-from hutch.services.storer import reconcile
+from hutch.services.storer import lost, reconcile
 from hutch.services.storer.writer import GroupWriter, Write
 from hutch.store import AsyncStore, CrawlLimits, Silent, Store, StoreUnavailable, is_outage
 from hutch.topology import rescued_key
@@ -113,11 +113,15 @@ class Storer(Service):
         await self.broker.consume(topology.archive, Page, self._on_archived, stage="store", prefetch=ARCHIVE_PREFETCH)
         await serve_rpc(self.broker, topology.rpc_stored, StoredQuery, self._stored)
         self._reconciler = asyncio.create_task(self._reconcile_every(s.reconcile_interval))
+        self._lost_watch = asyncio.create_task(
+            lost.watch(self.broker, self._store_current, self.sweep_lost_pages, self.stopping)
+        )
 
     async def stop(self) -> None:
-        self._reconciler.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._reconciler
+        for task in (self._reconciler, self._lost_watch):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         await self.writer.close()
         await self.store.close()
 
@@ -309,6 +313,30 @@ class Storer(Service):
         if done["rescue"] or done["stall"]:
             log.info("reconciler: %d tasks rescued, %d stalled", done["rescue"], done["stall"])
         return done
+
+    async def _store_current(self) -> bool:
+        """No outcome event waits for the storer (its depth unknown counts as some)."""
+        channel = await self.broker.channel()
+        try:
+            events = await queue_depth(channel, self.broker.topology.events_storer)
+        finally:
+            with contextlib.suppress(Exception):
+                await channel.close()
+        return events is not None and events[0] == 0
+
+    async def sweep_lost_pages(self, before: float) -> int:
+        """Rescue every task whose page went to the parsers before `before`, the broker having
+        lost its transient messages since (`lost`); how many were rescued."""
+        rescued = 0
+        while True:
+            found = await self.store.run(lambda store: store.pages_sent_before(before, SWEEP_LIMIT))
+            now = time.time()
+            done = 0
+            for silent in found:
+                done += await self._rescue(silent, "page_lost", now)
+            rescued += done
+            if len(found) < SWEEP_LIMIT or not done:
+                return rescued
 
     async def _observe(self, silent: list[Silent], now: float) -> reconcile.Observed:
         topology = self.broker.topology

@@ -91,6 +91,8 @@ def decide(task: Silent, now: float, config: Config, observed: Observed) -> Verd
     """Rescue, declare stalled, or leave alone one task the store found silent."""
     if observed.store_behind:
         return Verdict("leave", "store_behind")
+    if task.due_at is None:  # its page went to the parsers: a lost one is `lost`'s to find
+        return Verdict("leave", "unknown_state")
     if task.state == "in_flight":
         if task.due_at >= config.in_flight_before(now):
             return Verdict("leave", "not_yet")
@@ -126,7 +128,7 @@ def empty_since(previous: dict[str, float], depths: dict[str, int | None], now: 
 def domains_to_look_at(tasks: list[Silent], now: float, config: Config) -> set[str]:
     """The domains whose queue depth `decide` needs: those of overdue retrying tasks."""
     before = config.retrying_before(now)
-    return {t.domain for t in tasks if t.state == "retrying" and t.due_at < before}
+    return {t.domain for t in tasks if t.state == "retrying" and t.due_at is not None and t.due_at < before}
 
 
 def rebuild(task: Silent, incarnation: int) -> Task:

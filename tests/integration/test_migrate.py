@@ -29,9 +29,10 @@ def make_task(path: str, domain: str = "127.0.0.1:9") -> Task:
 
 def v2_queues(old: Topology) -> list[QueueSpec]:
     """The static queues v2 had: the ones of the sharded frontier came with v3, `intake`,
-    `proxy-state` and the park queues later."""
+    `proxy-state`, the park queues and `alive` later."""
     newer = {
         old.paused,
+        old.alive,
         old.jobs,
         old.released_log,
         old.intake,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import stat
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -156,6 +157,38 @@ def test_a_rescued_copy_released_before_the_rescue_is_finished_stays_in_flight(s
     store.apply_event(released(again, at=500.5))  # the governor was quick
     store.finish_rescue(again, 500.0)
     assert (row(store, task)["state"], row(store, task)["due_at"]) == ("in_flight", 500.5)
+
+
+def test_pages_sent_before_a_moment_are_the_tasks_whose_page_went_to_the_parsers_then(store: Store) -> None:
+    # On the wall clock, as the storer sweeps: a task rescued after the moment is not one of them.
+    base = time.time()
+    early, late, fetching, stored, retried, quick = (make_task(f"http://example.com/{n}") for n in "abcdef")
+    for task in (early, late, fetching, stored, retried):
+        submitted(store, task)
+        store.apply_event(released(task, at=base - 30))
+    store.apply_event(outcome(early, "parse", at=base - 20))
+    store.apply_event(outcome(late, "parse", at=base + 3600))  # sent after the moment
+    store.apply_event(outcome(stored, "parse", at=base - 20))
+    store.store_item(Item(task=stored, status=200, fields={}, parsed_at=base - 19))
+    store.apply_event(outcome(retried, "retry", at=base - 20, delay=1.0))
+    # Its outcome came before its release, which is then old news: still `queued`.
+    submitted(store, quick)
+    store.apply_event(outcome(quick, "parse", at=base - 20))
+    store.apply_event(released(quick, at=base - 30))
+    assert row(store, quick)["state"] == "queued"
+    moment = time.time()
+    # `fetching` has no outcome yet: its release is persistent, the reconciler's to watch.
+    assert {t.id for t in store.pages_sent_before(moment, 10)} == {early.id, quick.id}
+    assert {t.id for t in store.pages_sent_before(base + 7200, 10)} == {early.id, late.id, quick.id}
+    for lost in store.pages_sent_before(moment, 10):
+        assert lost.due_at is None
+        now = time.time()
+        assert store.begin_rescue(lost, lost_again(lost), now=now)
+        assert not store.begin_rescue(lost, lost_again(lost), now=now)  # claimed once only
+        store.finish_rescue(lost_again(lost), now)
+    # Rescued since: a second sweep with the same moment finds them no more.
+    assert store.pages_sent_before(moment, 10) == []
+    assert [row(store, t)["incarnation"] for t in (early, quick)] == [1, 1]
 
 
 def test_a_task_that_moved_after_it_was_read_is_not_claimed(store: Store) -> None:
