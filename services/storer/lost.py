@@ -4,8 +4,9 @@ Pages on their way to a parser and items on their way to the storer are transien
 (unless `HUTCH_PERSIST_PAGES`): on a classic queue the broker keeps them in memory only,
 which spares it a tenth to a third of its CPU a page (docs/benchmarks.md, nineteenth
 round), and drops them when it stops or dies. Their tasks are then in flight in the store
-with their page sent to the parsers (`due_at` empty), and nothing would move them again. Everything else (the frontier, releases, outcome events,
-retries, dead letters) is persistent and comes back with the broker.
+with their page sent to the parsers (`due_at` empty), and nothing would move them again.
+Everything else (the frontier, releases, outcome events, retries, dead letters) is
+persistent and comes back with the broker.
 
 The storer keeps one transient message in the durable queue `alive`, which holds one at
 most (a second is refused). Every `LOOK_EVERY` seconds it looks: while the marker is there,
