@@ -1050,7 +1050,7 @@ class Store:
         rows = self.db.execute(
             "SELECT t.id, t.job, t.url, t.domain, t.state, t.attempts, t.incarnation, t.rescues, "
             "t.due_at, t.message, j.spec FROM tasks AS t LEFT JOIN jobs AS j ON j.name = t.job "
-            "WHERE t.state IN ('queued', 'in_flight') AND t.due_at IS NULL AND t.updated_at < ? "
+            "WHERE t.state IN ('queued', 'in_flight') AND t.due_at IS NULL AND t.attempts > 0 AND t.updated_at < ? "
             "AND (SELECT a.next FROM attempts AS a WHERE a.task_id = t.id ORDER BY a.at DESC LIMIT 1) = 'parse' "
             "AND (SELECT MAX(a.at) FROM attempts AS a WHERE a.task_id = t.id) < ? LIMIT ?",
             (before, before, int(limit)),

@@ -73,10 +73,18 @@ async def watch(
     """Look at the marker every `every` seconds until `stopping`. Found missing at a moment:
     once `store_current()` says the outcome events are in (or after `DRAINED_WAIT`),
     `sweep(moment)`, again one look later (for an event applied in between), then the marker
-    is placed again."""
+    is placed again. Not again until the marker has been seen since: a marker the broker
+    keeps refusing must not have every page in flight fetched again every few seconds."""
+    armed = True  # the marker was seen since the last sweep (or none was made yet)
     while not stopping.is_set():
         try:
-            if await look(broker) == "missing":
+            seen = await look(broker)
+            if seen == "kept":
+                armed = True
+            elif seen == "missing" and not armed:
+                log.warning("the marker in %s is still missing after a sweep; placing it again", broker.topology.alive)
+                await mark(broker)
+            elif seen == "missing":
                 moment = time.time()
                 waited = 0.0
                 while waited < DRAINED_WAIT and not await store_current():
@@ -86,6 +94,7 @@ async def watch(
                 await asyncio.sleep(every)
                 rescued += await sweep(moment)
                 await mark(broker)
+                armed = False
                 if rescued:
                     log.warning("the broker lost its transient messages: %d tasks whose page it had are fetched again",
                                 rescued)
