@@ -21,8 +21,10 @@ since it read them, so several storers sweeping, or one sweeping twice, fetch no
 The tasks are rescued as the reconciler rescues a lost one (a new incarnation, republished
 to the frontier), so a copy still on its way is stale, and a page stored meanwhile is stored
 once. A page on its way when the marker was found missing, sent after the broker came back,
-may be fetched a second time. On quorum queues every message is persistent: the marker
-survives a restart, and a sweep happens only when the definitions are lost.
+may be fetched a second time; so is every page in flight each time the marker expires, if a
+policy gives the `alive` queue a message TTL (leave it out of such a policy). On quorum
+queues every message is persistent: the marker survives a restart, and a sweep happens only
+when the definitions are lost.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ log = logging.getLogger(__name__)
 
 LOOK_EVERY = 2.0  # seconds between two looks at the marker
 DRAINED_WAIT = 60.0  # longest a sweep waits for the outcome events that came back with the broker
+REFUSED_PAUSE = 60.0  # seconds without a look after the broker did not keep the marker
 
 Look = Literal["unknown", "kept", "missing"]
 
@@ -73,18 +76,13 @@ async def watch(
     """Look at the marker every `every` seconds until `stopping`. Found missing at a moment:
     once `store_current()` says the outcome events are in (or after `DRAINED_WAIT`),
     `sweep(moment)`, again one look later (for an event applied in between), then the marker
-    is placed again. Not again until the marker has been seen since: a marker the broker
-    keeps refusing must not have every page in flight fetched again every few seconds."""
-    armed = True  # the marker was seen since the last sweep (or none was made yet)
+    is placed again and looked for: a broker that does not keep it (a policy with a length
+    limit of 0 on every queue) gets no look for `REFUSED_PAUSE` seconds, so it cannot have
+    every page in flight fetched again every few seconds."""
     while not stopping.is_set():
+        pause = every
         try:
-            seen = await look(broker)
-            if seen == "kept":
-                armed = True
-            elif seen == "missing" and not armed:
-                log.warning("the marker in %s is still missing after a sweep; placing it again", broker.topology.alive)
-                await mark(broker)
-            elif seen == "missing":
+            if await look(broker) == "missing":
                 moment = time.time()
                 waited = 0.0
                 while waited < DRAINED_WAIT and not await store_current():
@@ -94,11 +92,14 @@ async def watch(
                 await asyncio.sleep(every)
                 rescued += await sweep(moment)
                 await mark(broker)
-                armed = False
                 if rescued:
                     log.warning("the broker lost its transient messages: %d tasks whose page it had are fetched again",
                                 rescued)
+                if await look(broker) == "missing":
+                    log.error("the broker does not keep the marker in %s (a policy's length limit or TTL?): "
+                              "looking again in %.0f s", broker.topology.alive, REFUSED_PAUSE)
+                    pause = REFUSED_PAUSE
         except Exception as exc:  # the broker or the store is away: look again next time
             log.warning("looking for lost transient messages failed: %s: %s", type(exc).__name__, exc)
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stopping.wait(), every)
+            await asyncio.wait_for(stopping.wait(), pause)

@@ -19,6 +19,7 @@ from hutch_sandbox import Sandbox
 
 from hutch.settings import Settings
 from hutch.store import sqlite_path
+from hutch.topology import Topology
 
 from ..brokers import BrokerNode
 from ..e2e.conftest import Services
@@ -52,6 +53,15 @@ def pages_with_the_parsers(settings: Settings, job: str) -> int:
         db.close()
 
 
+def messages_in(node: BrokerNode, queue: str) -> int:
+    """The messages `queue` holds on `node`, ready or unacknowledged (`rabbitmqctl`)."""
+    for line in node.ctl("list_queues", "name", "messages").splitlines():
+        name, _, count = line.rpartition("\t")
+        if name == queue:
+            return int(count)
+    return 0
+
+
 async def test_pages_the_restarted_broker_lost_are_fetched_again_long_before_the_reconciler_would(
     settings: Settings, sandbox: Sandbox, node: BrokerNode, services: Services
 ) -> None:
@@ -63,6 +73,7 @@ async def test_pages_the_restarted_broker_lost_are_fetched_again_long_before_the
     assert settings.permit_ttl + settings.total_timeout + settings.rpc_timeout + settings.publish_timeout + (
         settings.reconcile_margin
     ) > 100
+    parse = Topology(settings.namespace).parse
     urls = sandbox.urls()
     await submit_job(settings, "lost-pages", urls)
     await wait_for_progress(services, "lost-pages", stored=len(urls) // 10)
@@ -71,10 +82,11 @@ async def test_pages_the_restarted_broker_lost_are_fetched_again_long_before_the
     os.kill(parser.pid, signal.SIGSTOP)
     try:
         deadline = time.monotonic() + 30
-        while (held := pages_with_the_parsers(settings, "lost-pages")) < 20:
+        while (held := pages_with_the_parsers(settings, "lost-pages")) < 20 or messages_in(node, parse) == 0:
             assert time.monotonic() < deadline, f"only {held} pages waited for the parser"
             await asyncio.sleep(0.2)
         await in_thread(node.restart)
+        assert messages_in(node, parse) == 0, "the pages were persistent: the broker kept them"
     finally:
         os.kill(parser.pid, signal.SIGCONT)
     await services.wait_done("lost-pages", timeout=90)

@@ -54,14 +54,23 @@ async def test_a_missing_marker_is_swept_twice_with_one_moment_once_the_store_is
     assert seen["marks"] == 1
 
 
-async def test_a_marker_still_missing_after_a_sweep_is_placed_again_without_another_sweep(
+async def test_a_broker_that_does_not_keep_the_marker_gets_no_look_for_a_while(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    seen = await run_watch(monkeypatch, ["missing", "missing", "missing", "kept", "missing"], current=[])
-    # Swept at the first look and again after the marker was seen; not while it stayed missing.
-    assert len(seen["sweeps"]) == 4
-    assert seen["sweeps"][0] == seen["sweeps"][1] < seen["sweeps"][2] == seen["sweeps"][3]
-    assert seen["marks"] == 4  # each sweep's, and one for each look that found it still missing
+    monkeypatch.setattr(lost, "REFUSED_PAUSE", 0.3)
+    started = asyncio.get_running_loop().time()
+    # Missing, swept, marked, and missing again at once: the pause comes before the next look.
+    seen = await run_watch(monkeypatch, ["missing", "missing", "missing", "kept"], current=[])
+    assert len(seen["sweeps"]) == 4  # two sweeps for each of the two losses looked at
+    assert seen["marks"] == 2
+    assert asyncio.get_running_loop().time() - started >= 0.3
+
+
+async def test_a_restart_soon_after_the_storer_started_is_swept_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The first look of a storer finds no marker (a fresh broker), sweeps and places it; the
+    # broker then restarts before the next look.
+    seen = await run_watch(monkeypatch, ["missing", "kept", "missing", "kept"], current=[])
+    assert len(seen["sweeps"]) == 4 and seen["marks"] == 2
 
 
 async def test_an_unreadable_marker_sweeps_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
