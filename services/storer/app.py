@@ -63,6 +63,7 @@ log = logging.getLogger(__name__)
 # locally and again from the ledger queue makes one row.
 LETTER_ID = "x-hutch-letter-id"
 PREFETCH = 256  # messages each of the item and event consumers may hold unacked
+WATCH_STOP = 5.0  # seconds the look for lost pages has to end its turn when the storer stops
 SWEEP_LIMIT = 1000  # silent tasks looked at per sweep; the rest wait for the next one
 DOMAINS_PER_SWEEP = 200  # domains one sweep considers for a retry rescue
 JOBS_PREFETCH = 100  # control records of the jobs stream held unacked (a stream needs a prefetch)
@@ -113,11 +114,16 @@ class Storer(Service):
         await self.broker.consume(topology.archive, Page, self._on_archived, stage="store", prefetch=ARCHIVE_PREFETCH)
         await serve_rpc(self.broker, topology.rpc_stored, StoredQuery, self._stored)
         self._reconciler = asyncio.create_task(self._reconcile_every(s.reconcile_interval))
+        self._watch_stop = asyncio.Event()
         self._lost_watch = asyncio.create_task(
-            lost.watch(self.broker, self._store_current, self.sweep_lost_pages, self.stopping)
+            lost.watch(self.broker, self._store_current, self.sweep_lost_pages, self._watch_stop)
         )
 
     async def stop(self) -> None:
+        # The look ends its turn on its own (a cancel in the middle of a channel's opening or
+        # a passive declare could leave the connection's close waiting); cancelled past WATCH_STOP.
+        self._watch_stop.set()
+        await asyncio.wait({self._lost_watch}, timeout=WATCH_STOP)
         for task in (self._reconciler, self._lost_watch):
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -85,11 +85,14 @@ async def watch(
             if await look(broker) == "missing":
                 moment = time.time()
                 waited = 0.0
-                while waited < DRAINED_WAIT and not await store_current():
+                while waited < DRAINED_WAIT and not stopping.is_set() and not await store_current():
                     await asyncio.sleep(0.5)
                     waited += 0.5
+                if stopping.is_set():  # the next start of a storer sweeps: the marker is still missing
+                    return
                 rescued = await sweep(moment)
-                await asyncio.sleep(every)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stopping.wait(), every)
                 rescued += await sweep(moment)
                 await mark(broker)
                 if rescued:
