@@ -116,7 +116,7 @@ class Storer(Service):
         self._reconciler = asyncio.create_task(self._reconcile_every(s.reconcile_interval))
         self._watch_stop = asyncio.Event()
         self._lost_watch = asyncio.create_task(
-            lost.watch(self.broker, self._store_current, self.sweep_lost_pages, self._watch_stop)
+            lost.watch(self.broker, lambda: lost.events_applied(self.broker), self.sweep_lost_pages, self._watch_stop)
         )
 
     async def stop(self) -> None:
@@ -319,16 +319,6 @@ class Storer(Service):
         if done["rescue"] or done["stall"]:
             log.info("reconciler: %d tasks rescued, %d stalled", done["rescue"], done["stall"])
         return done
-
-    async def _store_current(self) -> bool:
-        """No outcome event waits for the storer (its depth unknown counts as some)."""
-        channel = await self.broker.channel()
-        try:
-            events = await queue_depth(channel, self.broker.topology.events_storer)
-        finally:
-            with contextlib.suppress(Exception):
-                await channel.close()
-        return events is not None and events[0] == 0
 
     async def sweep_lost_pages(self, before: float) -> int:
         """Rescue every task whose page went to the parsers before `before`, the broker having

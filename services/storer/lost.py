@@ -47,17 +47,28 @@ REFUSED_PAUSE = 60.0  # seconds without a look after the broker did not keep the
 Look = Literal["unknown", "kept", "missing"]
 
 
-async def look(broker: Broker) -> Look:
-    """Whether the marker is in `alive` (`unknown`: the queue could not be read)."""
+async def _ready(broker: Broker, queue: str) -> int | None:
+    """The messages ready in `queue`, on a channel of its own (None: it could not be read)."""
     channel = await broker.channel()
     try:
-        depth = await queue_depth(channel, broker.topology.alive)
+        depth = await queue_depth(channel, queue)
     finally:
         with contextlib.suppress(Exception):
             await channel.close()
-    if depth is None:
+    return None if depth is None else depth[0]
+
+
+async def look(broker: Broker) -> Look:
+    """Whether the marker is in `alive` (`unknown`: the queue could not be read)."""
+    ready = await _ready(broker, broker.topology.alive)
+    if ready is None:
         return "unknown"
-    return "kept" if depth[0] > 0 else "missing"
+    return "kept" if ready > 0 else "missing"
+
+
+async def events_applied(broker: Broker) -> bool:
+    """No outcome event waits for the storer (a depth unknown counts as some)."""
+    return await _ready(broker, broker.topology.events_storer) == 0
 
 
 async def mark(broker: Broker) -> None:
