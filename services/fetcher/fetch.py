@@ -44,12 +44,12 @@ from urllib.parse import urljoin, urlsplit
 
 import certifi
 import h11
-import httpcore
 import httpx
 
 from hutch.models import Outcome
 from hutch.services.fetcher.decoding import ACCEPT_ENCODING, BadEncoding, BodyDecoder, BodyTooLarge
 from hutch.services.fetcher.guard import ForbiddenTarget, GuardedBackend, ResolveError, TargetGuard
+from hutch.services.fetcher.keepalive import ConnectionPool, make_linear
 from hutch.services.fetcher.policy import FetchResult, Policy, outcome_of_status
 
 # Proxy-Status error types (RFC 9209) that blame the destination, not the proxy.
@@ -144,13 +144,15 @@ def make_client(
     transport = httpx.AsyncHTTPTransport(proxy=proxy, limits=limits, trust_env=False, verify=context)
     if proxy is None:
         # Direct connections go only to addresses the guard checked (no DNS rebinding).
-        transport._pool = httpcore.AsyncConnectionPool(
+        transport._pool = ConnectionPool(
             ssl_context=context,
             max_connections=limits.max_connections,
             max_keepalive_connections=limits.max_keepalive_connections,
             keepalive_expiry=limits.keepalive_expiry,
             network_backend=GuardedBackend(guard),
         )
+    else:
+        make_linear(transport._pool)
     return httpx.AsyncClient(
         transport=transport,
         headers={"User-Agent": user_agent, "Accept-Encoding": ACCEPT_ENCODING},
