@@ -58,6 +58,11 @@ class Settings(BaseSettings):
     )
     shutdown_grace: float = Field(10.0, description="seconds in-flight work may finish after SIGTERM")
     log_level: str = Field("INFO", description="logging level of every service")
+    gc_threshold: int = Field(
+        10_000, ge=0,
+        description="allocations between the garbage collector's young passes once a service is ready, "
+        "what it built by then frozen out of every pass; 0: Python's own collector, untouched",
+    )
     log_format: Literal["text", "json"] = Field(
         "text", description="`json`: one JSON object a line, with the job, task, domain and trace id of the work"
     )
