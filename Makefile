@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test unit integration e2e chaos lint broker postgres tools bench bench-speed bench-floor bench-speed-memory bench-governor bench-frontier bench-proxy bench-submit bench-store bench-parse bench-crawl clean help
+.PHONY: demo test unit integration e2e chaos lint broker postgres tools bench bench-speed bench-floor bench-pool bench-speed-memory bench-governor bench-frontier bench-proxy bench-submit bench-store bench-parse bench-crawl clean help
 
 help:
 	@echo "make demo   - set up, make sure RabbitMQ is reachable, run the sample job against the sandbox"
@@ -79,11 +79,16 @@ lint: $(STAMP)
 	cd build/typecheck && ../../$(VENV)/bin/mypy -p hutch -p hutch_sandbox --config-file ../../pyproject.toml
 
 # Benchmarks print their figures; docs/benchmarks.md records them with their configs.
-bench: bench-speed bench-floor bench-governor bench-frontier bench-proxy bench-submit bench-store bench-parse bench-crawl
+bench: bench-speed bench-floor bench-pool bench-governor bench-frontier bench-proxy bench-submit bench-store bench-parse bench-crawl
 
 # Hutch against a bare asyncio loop, on a RabbitMQ node of its own; figures in docs/benchmarks.md.
 bench-speed: $(STAMP)
 	$(PY) bench/speed.py
+
+# The fetcher's connection pool against httpcore's: a bookkeeping pass, and requests through each.
+bench-pool: $(STAMP)
+	$(PY) bench/pool_pass.py
+	$(PY) bench/pool_pass.py --stream
 
 # What one durable hop through RabbitMQ costs, with none of Hutch's code: the floor under CPU per page.
 bench-floor: $(STAMP)

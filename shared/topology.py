@@ -221,7 +221,11 @@ class Topology:
         if self.queue_type == "classic":
             # Version 2 of the classic queue's index and store (RabbitMQ 3.10+, opt-in there):
             # measured on the governor's hot path (bench/governor_permits.py), the broker
-            # spends about a fifth less CPU per task than with version 1.
+            # spends about a fifth less CPU per task than with version 1. On 3.10, a small
+            # persistent message delivered at once costs a version 2 queue more (1.6 times,
+            # bench/hop_floor.py), but version 1 is gone from RabbitMQ 4.0 (the argument is
+            # ignored) and refused by 4.3: the work queues stay on 2 (docs/benchmarks.md,
+            # twentieth round).
             return {"x-queue-type": "classic", "x-queue-version": 2}
         args: dict[str, Any] = {"x-queue-type": "quorum"}
         if delivery_limit is not None:
