@@ -8,10 +8,8 @@ pool's limits of its own).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 
 import httpcore
-import pytest
 
 from hutch.services.fetcher.fetch import make_client
 from hutch.services.fetcher.guard import GuardedBackend, TargetGuard
@@ -132,11 +130,7 @@ def test_an_idle_connection_the_server_closed_is_not_used_again() -> None:
         async with Site(close_after=0.01) as site:
             target = pool(4)
             await get(target, site.url)
-            for _ in range(100):  # the server's close reaches the client
-                await asyncio.sleep(0.01)
-                if site.accepted == 1 and not target.connections[0].is_idle():
-                    break
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(0.2)  # the server closes 10 ms after its answer; the close arrives
             await get(target, site.url)
             assert len(target.connections) == 1
             await target.aclose()
@@ -218,14 +212,12 @@ def test_idle_connections_past_the_keepalive_limit_are_closed_oldest_first_and_a
     asyncio.run(scenario())
 
 
-@pytest.mark.parametrize("proxy", ["http://127.0.0.1:9/"])
-def test_a_client_through_a_proxy_gets_the_linear_pass_too(proxy: str) -> None:
+def test_a_client_through_a_proxy_gets_the_linear_pass_too() -> None:
     client = make_client(
-        proxy=proxy, guard=TargetGuard(allow_private=True), user_agent="test",
+        proxy="http://127.0.0.1:9/", guard=TargetGuard(allow_private=True), user_agent="test",
         connect_timeout=1, read_timeout=1,
     )
     target = client._transport._pool  # type: ignore[attr-defined]
     assert isinstance(target, HTTPProxyPool) and isinstance(target, httpcore.AsyncHTTPProxy)
     assert type(target)._assign_requests_to_connections is linear_pass
-    with contextlib.suppress(Exception):
-        asyncio.run(client.aclose())
+    asyncio.run(client.aclose())
