@@ -25,12 +25,15 @@ from __future__ import annotations
 import json
 import re
 import reprlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from functools import lru_cache
 from typing import Any
 
 import jmespath
 from jmespath.exceptions import JMESPathError
+from lxml import etree
 from parsel import Selector
+from parsel.csstranslator import css2xpath
 from w3lib.html import replace_entities
 
 from hutch.models import FieldRule, Spec
@@ -47,7 +50,17 @@ class ItemTooLarge(Exception):
     """The item's JSON would pass the per-item byte cap."""
 
 
+# What `json.dumps(..., ensure_ascii=False)` escapes in a string; a string without any of it
+# takes its UTF-8 and two quotes.
+_ESCAPED = re.compile(r'[\x00-\x1f"\\]')
+
+
 def _json_size(value: Any) -> int:
+    """Bytes of `value` as JSON in UTF-8. A string is counted without being encoded as JSON
+    when nothing in it needs escaping (a listing page's hundreds of matches are: the JSON
+    form cost 2.7 us a match, half its extraction; docs/benchmarks.md, 21st round)."""
+    if type(value) is str and _ESCAPED.search(value) is None:
+        return len(value.encode("utf-8")) + 2
     return len(json.dumps(value, ensure_ascii=False).encode("utf-8"))
 
 
@@ -150,13 +163,50 @@ def _selected(page: _Page, name: str, rule: FieldRule) -> Iterator[Any]:
         pattern = re.compile(rule.re) if rule.re is not None else None
     except re.error as exc:
         raise ValueError(f"field {_REPR.repr(name)}: broken re: {exc}") from None
-    found = page.selector.css(rule.expr) if rule.kind == "css" else page.selector.xpath(rule.expr)
-    for match in found:  # one match at a time: the cap holds before the list is whole
-        value = match.get()
+    for value in _values(page.selector, rule):  # one match at a time: the cap holds before the list is whole
         if pattern is None:
             yield value
         else:
             yield from _regex_matches(pattern, value)
+
+
+def _values(selector: Selector, rule: FieldRule) -> Iterable[str]:
+    """A CSS or XPath field's matches as strings, exactly as parsel's `.css(...)` or
+    `.xpath(...)` then `.get()` of each match gives them. A query with a namespace prefix
+    (`re:test(...)`) goes through parsel; any other is evaluated on lxml's tree directly,
+    without a parsel `Selector` a match: that wrapper and its `.get()` were a quarter of
+    extracting a listing page (docs/benchmarks.md, 21st round)."""
+    query = css2xpath(rule.expr) if rule.kind == "css" else rule.expr
+    if any(f"{prefix}:" in query for prefix in selector.namespaces):
+        found = selector.css(rule.expr) if rule.kind == "css" else selector.xpath(rule.expr)
+        return (match.get() for match in found)
+    try:
+        result = _evaluator(query)(selector.root)
+    except etree.XPathError as exc:  # parsel's error, word for word
+        raise ValueError(f"XPath error: {exc} in {query}") from None
+    return map(_serialized, result if isinstance(result, list) else [result])
+
+
+@lru_cache(maxsize=2048)
+def _evaluator(query: str) -> etree.XPath:
+    """`query` compiled once per worker, as parsel compiles it (plain strings, no smart ones).
+    A syntax error is raised here, an `etree.XPathError` as parsel's is."""
+    return etree.XPath(query, smart_strings=False)
+
+
+def _serialized(node: Any) -> str:
+    """One XPath result as parsel's `Selector.get()` makes it: a string as it is, an element
+    as HTML without its tail, a boolean as "1" or "0", a number as `str` does."""
+    if type(node) is str:
+        return node
+    try:
+        return str(etree.tostring(node, method="html", encoding="unicode", with_tail=False))
+    except (AttributeError, TypeError):
+        if node is True:
+            return "1"
+        if node is False:
+            return "0"
+        return str(node)
 
 
 def _queried(page: _Page, name: str, rule: FieldRule) -> Iterator[Any]:

@@ -488,3 +488,74 @@ def test_the_text_given_as_utf8_extracts_exactly_as_the_text_itself(text: str) -
     )
     for page_spec in (spec, None):
         assert extract(text, URL, 200, page_spec, utf8=text.encode("utf-8")) == extract(text, URL, 200, page_spec)
+
+
+# -- the fast paths: parsel's answers without a parsel Selector a match --------------------------
+
+TRICKY = """<!DOCTYPE html><html xmlns:og="http://ogp.me/ns#"><head><title>Caf&eacute; "Müller" \\ 🫖</title>
+<meta property="og:title" content="Tea &amp; more"></head><body>
+<!-- a comment -->
+<div id="a" class="x y">one <b>bold</b> tail<br>after</div>
+<div class="x">two<script>var s = "</div>";</script></div>
+<p data-n="3">line one
+line two\ttabbed</p>
+<a href="/p?a=1&amp;b=2">first</a><a href="mailto:me@example.org">second</a>
+<table><tr><td>1</td><td>2.5</td></tr></table>
+</body></html>"""
+QUERIES = [
+    ("css", "title::text"),
+    ("css", "div.x"),
+    ("css", "div.x::text"),
+    ("css", "div#a *"),
+    ("css", "a::attr(href)"),
+    ("css", "p::attr(data-n)"),
+    ("css", "p::text"),
+    ("css", "meta::attr(content)"),
+    ("css", "td:nth-child(2)::text"),
+    ("css", "nothing-here"),
+    ("xpath", "//comment()"),
+    ("xpath", "//div/b"),
+    ("xpath", "count(//div)"),
+    ("xpath", "sum(//td)"),
+    ("xpath", "boolean(//table)"),
+    ("xpath", "boolean(//form)"),
+    ("xpath", "string(//div[@id='a'])"),
+    ("xpath", "//a/@href"),
+    ("xpath", "//script/text()"),
+    ("xpath", "//td/text() | //title/text()"),
+    ("xpath", "//a[re:test(@href, '^mailto:')]/text()"),  # a namespace prefix: through parsel
+    ("xpath", "set:distinct(//div/@class)"),
+]
+
+
+@pytest.mark.parametrize(("kind", "expr"), QUERIES)
+def test_values_are_parsels_own(kind: str, expr: str) -> None:
+    selector = Selector(text=TRICKY, type="html")
+    found = selector.css(expr) if kind == "css" else selector.xpath(expr)
+    expected = [match.get() for match in found]
+    assert list(extract_module._values(selector, FieldRule(kind=kind, expr=expr))) == expected
+
+
+def test_a_broken_xpath_fails_as_parsel_says() -> None:
+    selector = Selector(text=TRICKY, type="html")
+    with pytest.raises(ValueError) as parsel_error:
+        selector.xpath("//div[")
+    with pytest.raises(ValueError) as ours:
+        list(extract_module._values(selector, FieldRule(kind="xpath", expr="//div[")))
+    assert str(ours.value) == str(parsel_error.value)
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["", "plain", 'a "quote"', "back\\slash", "new\nline", "tab\t", "\x00\x1f", "\x7f", "Müller 🫖", "\u2028", 3, None,
+     ["a", "b\n"], {"k": "v"}],  # fmt: skip
+)
+def test_json_size_is_the_length_of_the_json(value: object) -> None:
+    assert extract_module._json_size(value) == len(json.dumps(value, ensure_ascii=False).encode("utf-8"))
+
+
+def test_a_lone_surrogate_fails_as_its_json_would() -> None:
+    with pytest.raises(UnicodeEncodeError):
+        json.dumps("\ud800", ensure_ascii=False).encode("utf-8")
+    with pytest.raises(UnicodeEncodeError):
+        extract_module._json_size("\ud800")
