@@ -102,6 +102,7 @@ class Run:
     worst_second_sandbox: int = 0
     captured: bool = False  # the kernel's stamps were there (bench/site_stamps.py)
     cpu: dict[str, float] = field(default_factory=dict)  # process label -> CPU seconds
+    workers_cpu: float = 0.0  # of `cpu["parser"]`, the seconds of its extraction workers
     rss: dict[str, tuple[int, int]] = field(default_factory=dict)  # label -> (KiB at 20 %, at 100 %)
     # Where the time went, medians over the sites: submit to a site's robots.txt request and
     # to its first page request; its page requests per second between its first and last;
@@ -144,9 +145,10 @@ def shapes(selected: list[str]) -> list[Shape]:
     return [shape for name in selected for shape in table[name]]
 
 
-def tree_cpu(pid: int) -> float:
+def tree_cpu(pid: int, *, under_only: bool = False) -> float:
     """CPU seconds of a process and of every process under it, the reaped ones included (the
-    parser's extraction runs in worker processes of its own)."""
+    parser's extraction runs in worker processes of its own); `under_only`: of the processes
+    under it alone."""
     parents: dict[int, int] = {}
     times: dict[int, float] = {}
     tick = os.sysconf("SC_CLK_TCK")
@@ -164,8 +166,12 @@ def tree_cpu(pid: int) -> float:
     total, todo = 0.0, [pid]
     while todo:
         current = todo.pop()
-        total += times.get(current, 0.0)
+        if not (under_only and current == pid):
+            total += times.get(current, 0.0)
         todo.extend(child for child, parent in parents.items() if parent == current)
+    if under_only:  # the workers reaped by the parser are in its own line's reaped times
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += (int(fields[13]) + int(fields[14])) / tick
     return total
 
 
@@ -251,6 +257,7 @@ async def run_hutch(
         if node_pid is not None:
             pids["broker"] = node_pid
         before = {label: tree_cpu(pid) for label, pid in pids.items()}
+        workers_before = tree_cpu(pids["parser"], under_only=True) if "parser" in pids else 0.0
         rss_at_20: dict[str, int] = {}
         started = time.time()
         cli = "from hutch.services.control.cli import main; main()"
@@ -271,6 +278,7 @@ async def run_hutch(
             if finished >= pages and submit_cpu is not None:
                 break
         after = {label: tree_cpu(pid) for label, pid in pids.items()}
+        workers_after = tree_cpu(pids["parser"], under_only=True) if "parser" in pids else 0.0
         rss = {label: (rss_at_20.get(label, 0), rss_kib(pid)) for label, pid in pids.items() if label != "broker"}
     finally:
         await supervisor.stop()
@@ -290,6 +298,7 @@ async def run_hutch(
         worst_second_sandbox=by_sandbox,
         captured=by_kernel is not None,
         cpu=cpu,
+        workers_cpu=workers_after - workers_before,
         rss=rss,
         timeline=timeline(box, started, seconds),
     )
@@ -443,7 +452,13 @@ def report(shape: Shape, runs: list[Run]) -> dict[str, object]:
               f"{middle('first_request'):.2f} s after submit; "
               f"{steady:.2f} requests/s from its first to its last{of_rate}; "
               f"last URL finished {middle('after_last_request'):.2f} s after its last request")
-    cpu = ", ".join(f"{label} {value:.2f}" for label, value in per_k.items())
+    workers_per_k = statistics.median(r.workers_cpu / max(r.finished, 1) * 1000 for r in runs)
+
+    def cpu_text(label: str, value: float) -> str:
+        own = f" (its extraction workers {workers_per_k:.2f})" if label == "parser" and workers_per_k else ""
+        return f"{label} {value:.2f}{own}"
+
+    cpu = ", ".join(cpu_text(label, value) for label, value in per_k.items())
     print(f"    CPU s per 1,000 pages: {total_per_k:.2f} in all ({cpu})")
     if any(r.rss for r in runs):
         last = runs[-1]
@@ -457,6 +472,7 @@ def report(shape: Shape, runs: list[Run]) -> dict[str, object]:
         "runs": rates,
         "cpu_per_1000": per_k,
         "cpu_total_per_1000": total_per_k,
+        "parser_workers_cpu_per_1000": workers_per_k,
         "worst_second": max(r.worst_second for r in runs),
         "worst_second_sandbox": max(r.worst_second_sandbox for r in runs),
         "worst_second_by_kernel": all(r.captured for r in runs),
