@@ -545,11 +545,13 @@ def test_a_broken_xpath_fails_as_parsel_says() -> None:
     assert str(ours.value) == str(parsel_error.value)
 
 
-@pytest.mark.parametrize(
-    "value",
-    ["", "plain", 'a "quote"', "back\\slash", "new\nline", "tab\t", "\x00\x1f", "\x7f", "Müller 🫖", "\u2028", 3, None,
-     ["a", "b\n"], {"k": "v"}],  # fmt: skip
-)
+JSON_VALUES = [
+    "", "plain", 'a "quote"', "back\\slash", "new\nline", "tab\t", "\x00\x1f", "\x7f", "Müller 🫖", "\u2028",
+    3, None, ["a", "b\n"], {"k": "v"},
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("value", JSON_VALUES)
 def test_json_size_is_the_length_of_the_json(value: object) -> None:
     assert extract_module._json_size(value) == len(json.dumps(value, ensure_ascii=False).encode("utf-8"))
 
