@@ -55,6 +55,8 @@ class Server:
                 await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
+        except asyncio.CancelledError:  # still open when the run ends: no traceback for it
+            return
         finally:
             writer.close()
 

@@ -23,20 +23,29 @@ closed. A connection given to a request that has not started on it yet is that r
 no other request gets it, and it is not closed as surplus or to make room. The rest is
 httpcore's own: a request gets the first idle connection to its origin, else a new one while
 there is room, else the oldest idle connection is closed to make room; a connection has
-expired when its keep-alive time has passed or its server closed it (each idle connection's
-socket is asked, as before). The fetcher speaks HTTP/1.1 only, so no connection is shared by
-two requests at once.
+expired when its keep-alive time has passed or its server closed it. Asking that polls the
+connection's socket, and httpcore asks every connection at every pass: with 16 connections,
+32 polls a request and a seventh of the fetcher's CPU on the way from a task to its outcome
+(docs/benchmarks.md, 21st round). Here a pass asks every connection at most once a second
+(`SWEEP_EVERY`, the sweep), and otherwise only the idle connection it is about to give to a
+request, which is closed instead when it has expired. So a connection its server closed is
+never used, and one that no request wants is closed by the next sweep. The fetcher speaks
+HTTP/1.1 only, so no connection is shared by two requests at once.
 
-The pools are httpcore's classes with this one method replaced, so they keep every other
-behaviour of the installed httpcore (`pyproject.toml` bounds it to 1.x, whose pools share the
-method's contract: called under the pool's lock, it returns the connections to close).
+The pools are httpcore's classes with this one method replaced (and the time of the last
+sweep kept on the pool), so they keep every other behaviour of the installed httpcore
+(`pyproject.toml` bounds it to 1.x, whose pools share the method's contract: called under
+the pool's lock, it returns the connections to close).
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import httpcore
+
+SWEEP_EVERY = 1.0  # seconds: how often a pass asks every connection whether it has expired
 
 
 def linear_pass(pool: Any) -> list[Any]:
@@ -44,13 +53,19 @@ def linear_pass(pool: Any) -> list[Any]:
     # A request's connection stays idle from the moment it is given until the request starts
     # on it (after an await): meanwhile it is the request's alone.
     reserved = {id(r.connection) for r in pool._requests if r.connection is not None}
+    # Whether a connection has expired costs a poll of its socket: asked of every connection
+    # once a second, and of an idle one each time it is about to be given to a request.
+    now = time.monotonic()
+    sweep = now - getattr(pool, "_hutch_swept", -SWEEP_EVERY) >= SWEEP_EVERY
+    if sweep:
+        pool._hutch_swept = now
     closing: list[Any] = []
     kept: list[Any] = []
     spare: list[Any] = []  # idle, and given to no request
     for connection in pool._connections:
         if connection.is_closed():
             continue
-        if connection.has_expired():
+        if sweep and connection.has_expired():
             closing.append(connection)
             continue
         kept.append(connection)
@@ -68,7 +83,7 @@ def linear_pass(pool: Any) -> list[Any]:
         if not request.is_queued():
             continue
         origin = request.request.url.origin
-        connection = next((c for c in spare if c.can_handle_request(origin)), None)
+        connection = _usable(spare, origin, kept, closing, asked=sweep)
         if connection is not None:
             spare.remove(connection)
         elif len(kept) < pool._max_connections:
@@ -84,6 +99,18 @@ def linear_pass(pool: Any) -> list[Any]:
             continue  # full, and every connection busy or spoken for: the request waits its turn
         request.assign_to_connection(connection)
     return closing
+
+
+def _usable(spare: list[Any], origin: Any, kept: list[Any], closing: list[Any], *, asked: bool) -> Any:
+    """The first spare connection to `origin` that has not expired (`asked`: this pass asked
+    every connection already); one found expired on the way is dropped for closing."""
+    for connection in [c for c in spare if c.can_handle_request(origin)]:
+        if asked or not connection.has_expired():
+            return connection
+        spare.remove(connection)
+        kept.remove(connection)
+        closing.append(connection)
+    return None
 
 
 class ConnectionPool(httpcore.AsyncConnectionPool):
@@ -109,6 +136,7 @@ LINEAR: dict[type, type] = {
 
 def make_linear(pool: httpcore.AsyncConnectionPool) -> httpcore.AsyncConnectionPool:
     """The pool httpx built for a transport (a proxy's), now with the linear pass: its class is
-    swapped for the subclass above, which adds no state, so nothing else about it changes."""
+    swapped for the subclass above, which adds no state but the time of its last sweep, so nothing
+    else about it changes."""
     pool.__class__ = LINEAR.get(type(pool), type(pool))
     return pool

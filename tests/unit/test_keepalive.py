@@ -10,7 +10,9 @@ from __future__ import annotations
 import asyncio
 
 import httpcore
+import pytest
 
+from hutch.services.fetcher import guard, keepalive
 from hutch.services.fetcher.fetch import make_client
 from hutch.services.fetcher.guard import GuardedBackend, TargetGuard
 from hutch.services.fetcher.keepalive import ConnectionPool, HTTPProxyPool, linear_pass
@@ -107,8 +109,12 @@ def test_forty_workers_keep_forty_connections_past_the_keepalive_limit_of_twenty
     async def scenario() -> Site:
         async with Site(hold=40) as site:
             client = make_client(
-                proxy=None, guard=TargetGuard(allow_private=True), user_agent="test",
-                connect_timeout=5, read_timeout=10, max_connections=40,
+                proxy=None,
+                guard=TargetGuard(allow_private=True),
+                user_agent="test",
+                connect_timeout=5,
+                read_timeout=10,
+                max_connections=40,
             )
 
             async def worker() -> None:
@@ -172,8 +178,10 @@ def test_an_idle_connection_given_to_a_request_is_not_given_to_another_before_it
             (idle,) = target.connections
             assert idle.is_idle()
             request = httpcore.Request("GET", site.url)
-            first, second = httpcore._async.connection_pool.AsyncPoolRequest(request), \
-                httpcore._async.connection_pool.AsyncPoolRequest(request)
+            first, second = (
+                httpcore._async.connection_pool.AsyncPoolRequest(request),
+                httpcore._async.connection_pool.AsyncPoolRequest(request),
+            )
             target._requests.extend([first, second])
             assert linear_pass(target) == []
             assert first.connection is idle
@@ -214,10 +222,61 @@ def test_idle_connections_past_the_keepalive_limit_are_closed_oldest_first_and_a
 
 def test_a_client_through_a_proxy_gets_the_linear_pass_too() -> None:
     client = make_client(
-        proxy="http://127.0.0.1:9/", guard=TargetGuard(allow_private=True), user_agent="test",
-        connect_timeout=1, read_timeout=1,
+        proxy="http://127.0.0.1:9/",
+        guard=TargetGuard(allow_private=True),
+        user_agent="test",
+        connect_timeout=1,
+        read_timeout=1,
     )
     target = client._transport._pool  # type: ignore[attr-defined]
     assert isinstance(target, HTTPProxyPool) and isinstance(target, httpcore.AsyncHTTPProxy)
     assert type(target)._assign_requests_to_connections is linear_pass
     asyncio.run(client.aclose())
+
+
+def test_between_sweeps_only_the_connection_about_to_be_used_is_asked_whether_it_expired(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Eight idle connections, then 20 requests one after the other within a second: each
+    request asks its own connection, not the seven others (httpcore asks all of them twice a
+    request, 320 polls here)."""
+    polls: list[object] = []
+    asked = guard.readable
+
+    def counted(sock: object) -> bool:
+        polls.append(sock)
+        return asked(sock)  # type: ignore[arg-type]
+
+    async def scenario() -> None:
+        async with Site(hold=8) as site:
+            target = pool(8)
+            await asyncio.gather(*(get(target, site.url) for _ in range(8)))
+            site.hold = 0
+            assert len(target.connections) == 8
+            linear_pass(target)  # a sweep now, so the requests below fall between two
+            monkeypatch.setattr(guard, "readable", counted)
+            for _ in range(20):
+                await get(target, site.url)
+            assert len(target.connections) == 8
+            await target.aclose()
+
+    monkeypatch.setattr(keepalive, "SWEEP_EVERY", 60.0)
+    asyncio.run(scenario())
+    assert len(polls) == 20
+
+
+def test_a_sweep_closes_an_idle_connection_the_server_closed_though_no_request_wants_it() -> None:
+    async def scenario() -> tuple[Site, Site]:
+        async with Site() as a, Site(close_after=0.01) as b:
+            target = pool(4)
+            await get(target, a.url)
+            await get(target, b.url)
+            await asyncio.sleep(0.2)  # b's server has closed its connection by now
+            target._hutch_swept = 0.0  # type: ignore[attr-defined]  # the last sweep long ago
+            await get(target, a.url)  # the request's pass is a sweep: b's connection goes
+            assert [c._origin.port for c in target.connections] == [a.server.sockets[0].getsockname()[1]]
+            await target.aclose()
+        return a, b
+
+    a, b = asyncio.run(scenario())
+    assert a.accepted == 1 and b.accepted == 1
