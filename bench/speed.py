@@ -27,7 +27,8 @@ Printed for each shape: pages/s (URLs finished, stored or dead, over the time fr
 to the last one finished); the ratio to the sum of the limits; the worst count any domain
 received at the site within one second (a sliding window, robots.txt included); and the CPU
 seconds per 1,000 pages of every process: each service with every process under it (the
-parser's extraction workers), the broker's VM, and the submitting `hutch submit` process.
+parser's extraction workers, whose share is printed beside it), the broker's VM, and the
+submitting `hutch submit` process.
 The sandbox runs as a process of its own, ahead of the others in the scheduler, and is
 not counted; the figures at the site are read from its access log. Where tcpdump can
 capture loopback (root), the worst second is counted by the kernel's stamp of each request
