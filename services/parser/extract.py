@@ -57,8 +57,8 @@ _ESCAPED = re.compile(r'[\x00-\x1f"\\]')
 
 def _json_size(value: Any) -> int:
     """Bytes of `value` as JSON in UTF-8. A string is counted without being encoded as JSON
-    when nothing in it needs escaping (a listing page's hundreds of matches are: the JSON
-    form cost 2.7 us a match, half its extraction; docs/benchmarks.md, 21st round)."""
+    when nothing in it needs escaping (a listing page's hundreds of matches are: written as
+    JSON to be counted, they were a fifth of its extraction; docs/benchmarks.md, 21st round)."""
     if type(value) is str and _ESCAPED.search(value) is None:
         return len(value.encode("utf-8")) + 2
     return len(json.dumps(value, ensure_ascii=False).encode("utf-8"))
@@ -174,7 +174,7 @@ def _values(selector: Selector, rule: FieldRule) -> Iterable[str]:
     """A CSS or XPath field's matches as strings, exactly as parsel's `.css(...)` or
     `.xpath(...)` then `.get()` of each match gives them. A query with a namespace prefix
     (`re:test(...)`) goes through parsel; any other is evaluated on lxml's tree directly,
-    without a parsel `Selector` a match: that wrapper and its `.get()` were a quarter of
+    without a parsel `Selector` a match: those objects and their `.get()` were a third of
     extracting a listing page (docs/benchmarks.md, 21st round)."""
     query = css2xpath(rule.expr) if rule.kind == "css" else rule.expr
     if any(f"{prefix}:" in query for prefix in selector.namespaces):
