@@ -25,9 +25,9 @@ httpcore's own: a request gets the first idle connection to its origin, else a n
 there is room, else the oldest idle connection is closed to make room; a connection has
 expired when its keep-alive time has passed or its server closed it. Asking that polls the
 connection's socket, and httpcore asks every connection at every pass: with 16 connections,
-32 polls a request and a seventh of the fetcher's CPU on the way from a task to its outcome
-(docs/benchmarks.md, 21st round). Here a pass asks every connection at most once a second
-(`SWEEP_EVERY`, the sweep), and otherwise only the idle connection it is about to give to a
+about 24 polls a request and a seventh of the fetcher's CPU on the way from a task to its
+outcome (docs/benchmarks.md, 21st round). Here a pass asks every connection at most once a
+second (`SWEEP_EVERY`, the sweep), and otherwise only the idle connection it is about to give to a
 request, which is closed instead when it has expired. So a connection its server closed is
 never used, and one that no request wants is closed by the next sweep. The fetcher speaks
 HTTP/1.1 only, so no connection is shared by two requests at once.
