@@ -151,7 +151,8 @@ def tree_cpu(pid: int, *, under_only: bool = False) -> float:
     parser's extraction runs in worker processes of its own); `under_only`: of the processes
     under it alone."""
     parents: dict[int, int] = {}
-    times: dict[int, float] = {}
+    times: dict[int, float] = {}  # a process's own seconds and those of its reaped children
+    own: dict[int, float] = {}  # a process's own seconds alone
     tick = os.sysconf("SC_CLK_TCK")
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -161,19 +162,15 @@ def tree_cpu(pid: int, *, under_only: bool = False) -> float:
         except OSError:
             continue
         parents[int(entry)] = int(fields[1])
-        own = int(fields[11]) + int(fields[12])
-        reaped = int(fields[13]) + int(fields[14])
-        times[int(entry)] = (own + reaped) / tick
+        own[int(entry)] = (int(fields[11]) + int(fields[12])) / tick
+        times[int(entry)] = own[int(entry)] + (int(fields[13]) + int(fields[14])) / tick
     total, todo = 0.0, [pid]
     while todo:
         current = todo.pop()
-        if not (under_only and current == pid):
-            total += times.get(current, 0.0)
+        total += times.get(current, 0.0)
         todo.extend(child for child, parent in parents.items() if parent == current)
-    if under_only:  # the workers reaped by the parser are in its own line's reaped times
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        total += (int(fields[13]) + int(fields[14])) / tick
-    return total
+    # Under it alone: less its own seconds, keeping those of the children it reaped.
+    return total - own.get(pid, 0.0) if under_only else total
 
 
 def rss_kib(pid: int) -> int:
