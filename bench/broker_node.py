@@ -17,6 +17,10 @@ feature flags and plugin list, all in one folder under /tmp. It shares the Erlan
 /var/lib/rabbitmq (its HOME), so `rabbitmqctl -n <node>` reaches it as it reaches the shared
 node. Its config pins its own listener: /etc/rabbitmq pins 5672 and names the shared node,
 so neither the machine's config file nor its env file is read.
+
+It starts under SCHED_BATCH (`chrt --batch 0`), as `make broker` starts a local broker and as
+every service runs by default (`HUTCH_SCHED_POLICY`); `sched="normal"` (speed.py's
+`--broker-sched normal`) starts it under the default policy, as a distribution's own unit does.
 """
 
 from __future__ import annotations
@@ -101,10 +105,11 @@ class PrivateNode:
             "ERL_FLAGS": "-kernel inet_dist_use_interface {127,0,0,1}",
         }
 
-    def start(self, timeout: float = 90.0) -> None:
+    def start(self, timeout: float = 90.0, sched: str = "batch") -> None:
         settings = " ".join(shlex.quote(f"{k}={v}") for k, v in self.env().items())
+        policy = "chrt --batch 0 " if sched == "batch" and shutil.which("chrt") else ""
         script = (
-            f"ulimit -n {NOFILE} && exec setpriv --reuid=rabbitmq --regid=rabbitmq --init-groups "
+            f"ulimit -n {NOFILE} && exec {policy}setpriv --reuid=rabbitmq --regid=rabbitmq --init-groups "
             f"env HOME=/var/lib/rabbitmq LANG=C.UTF-8 PATH=/usr/bin:/bin {settings} {SBIN}/rabbitmq-server"
         )
         with (self.folder / "stdout.log").open("ab") as out:
@@ -162,11 +167,11 @@ class PrivateNode:
 
 
 @contextlib.contextmanager
-def private_node() -> Iterator[PrivateNode]:
+def private_node(sched: str = "batch") -> Iterator[PrivateNode]:
     """A node started for the caller and stopped (folder deleted) when it is done."""
     node = PrivateNode.create()
     try:
-        node.start()
+        node.start(sched=sched)
         yield node
     finally:
         node.stop()

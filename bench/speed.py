@@ -5,6 +5,9 @@
 
 Everything runs on a RabbitMQ node of the benchmark's own (`bench/broker_node.py`), started
 here and stopped at the end, so the shared broker's other traffic stays out of the figures.
+It runs SCHED_BATCH, as `make broker` starts a local broker (`--broker-sched normal`: the
+default policy, as a distribution's own unit starts it), and the services run as they do by
+default (`HUTCH_SCHED_POLICY`, SCHED_BATCH).
 Each run of each shape gets a fresh vhost, a fresh store and a fresh sandbox (in this
 process), and starts the five services as processes (`hutch up`'s supervisor) on default
 settings. Only what defines the workload is set: the per-domain rate (the "no limit" shapes
@@ -63,6 +66,7 @@ from hutch_sandbox.config import SandboxConfig, SiteConfig, load_config
 from hutch_sandbox.runner import wait_for_ready_file
 from site_stamps import Capture, kernel_stamps, worst_second
 
+from hutch.service import sched_policy_of
 from hutch.services.control.supervisor import Supervisor
 from hutch.settings import Settings
 from hutch.store import Store
@@ -501,6 +505,11 @@ async def main() -> None:
     parser.add_argument("--shapes", default="small,large,limited,polite,bare")
     parser.add_argument("--json", help="also write the figures here")
     parser.add_argument("--keep", help="keep each run's folder (logs, store, the sites' access log) under this folder")
+    parser.add_argument(
+        "--broker-sched", choices=("batch", "normal"), default="batch",
+        help="the node's scheduling policy: SCHED_BATCH, as `make broker` starts a local broker (the "
+        "default), or the default policy, as a distribution's own unit starts it",
+    )
     args = parser.parse_args()
     selected = shapes([s.strip() for s in args.shapes.split(",") if s.strip()])
     keep = Path(args.keep) if args.keep else None
@@ -512,10 +521,15 @@ async def main() -> None:
         loop.add_signal_handler(sig, stop.set)
     results = []
     needs_node = any(not s.bare for s in selected)
-    with private_node() if needs_node else contextlib.nullcontext() as node:
+    with private_node(args.broker_sched) if needs_node else contextlib.nullcontext() as node:
         if node is not None:
             use_node(node.url, node.nodename)
-            print(f"broker: a node of its own ({node.nodename}, port {node.port})", flush=True)
+            beam = node.beam_pid()
+            print(
+                f"broker: a node of its own ({node.nodename}, port {node.port}, scheduling "
+                f"{sched_policy_of(beam) if beam else 'unknown'}); services scheduling {Settings().sched_policy}",
+                flush=True,
+            )
         if not Capture.possible():
             print("no loopback capture (it needs root and tcpdump): the worst second at the site is "
                   "counted by the sandbox's stamps alone, which lag on a busy machine", flush=True)

@@ -63,6 +63,11 @@ class Settings(BaseSettings):
         description="allocations between the garbage collector's young passes once a service is ready, "
         "what it built by then frozen out of every pass; 0: Python's own collector, untouched",
     )
+    sched_policy: Literal["batch", "normal"] = Field(
+        "batch",
+        description="Linux scheduling policy of every service process: `batch` (SCHED_BATCH), a woken "
+        "service waits for the running process's slice instead of preempting it; `normal`: the default one",
+    )
     log_format: Literal["text", "json"] = Field(
         "text", description="`json`: one JSON object a line, with the job, task, domain and trace id of the work"
     )

@@ -700,9 +700,17 @@ async def test_up_starts_every_service_and_sigint_stops_them_all(settings: Setti
             ready = {line.split()[0] for line in lines if " ready (broker " in line}
             return ready >= set(labels)
 
-        await read_until(process.stderr, all_ready, timeout=45)
+        lines = await read_until(process.stderr, all_ready, timeout=45)
         # One child of `hutch up` per service; the parser's extraction workers are its own.
-        assert len(children_of(process.pid, processes_of(settings.namespace))) == len(labels)
+        started = processes_of(settings.namespace)
+        assert len(children_of(process.pid, started)) == len(labels)
+        # Every service and every process under it runs SCHED_BATCH (HUTCH_SCHED_POLICY's
+        # default): the parser's extraction workers too, started from its forkserver.
+        under = [pid for pid in started if pid != process.pid]
+        assert len(under) > len(labels)
+        assert {pid: os.sched_getscheduler(pid) for pid in under} == {pid: os.SCHED_BATCH for pid in under}
+        assert os.sched_getscheduler(process.pid) == os.SCHED_OTHER  # `hutch up` itself is left as it is
+        assert all(line.rstrip().endswith(", scheduling batch)") for line in lines if " ready (broker " in line)
         interrupted = time.monotonic()
         process.send_signal(signal.SIGINT)
         _, err = await asyncio.wait_for(process.communicate(), settings.shutdown_grace + 10)
@@ -718,18 +726,25 @@ async def test_up_starts_every_service_and_sigint_stops_them_all(settings: Setti
     assert processes_of(settings.namespace) == []
 
 
-@pytest.mark.parametrize(("service", "loop"), [("fetcher", "asyncio"), ("governor", "uvloop")])
+@pytest.mark.parametrize(
+    ("service", "loop", "policy"), [("fetcher", "asyncio", None), ("governor", "uvloop", "normal")]
+)
 async def test_serve_runs_one_service_as_its_module_does_and_stops_cleanly_on_sigterm(
-    settings: Settings, env: dict[str, str], service: str, loop: str
+    settings: Settings, env: dict[str, str], service: str, loop: str, policy: str | None
 ) -> None:
     # `hutch serve` (what the image, compose and Kubernetes run) goes through the same entry
-    # point as `python -m hutch.services.<name>`: the governor gets its uvloop there too.
+    # point as `python -m hutch.services.<name>`: the governor gets its uvloop there too, and
+    # each its scheduling policy, SCHED_BATCH unless HUTCH_SCHED_POLICY says `normal`.
+    if policy is not None:
+        env = {**env, "HUTCH_SCHED_POLICY": policy}
     process = await start(env, "serve", service)
     try:
         assert process.stderr is not None
         lines = await read_until(process.stderr, lambda lines: any(f"{service} ready (broker " in x for x in lines), 30)
         ready = next(line for line in lines if f"{service} ready (broker " in line)
-        assert f"event loop {loop})" in ready
+        expected = policy or "batch"
+        assert f"event loop {loop}, scheduling {expected})" in ready
+        assert os.sched_getscheduler(process.pid) == (os.SCHED_BATCH if expected == "batch" else os.SCHED_OTHER)
         process.send_signal(signal.SIGTERM)
         _, err = await asyncio.wait_for(process.communicate(), settings.shutdown_grace + 10)
     finally:

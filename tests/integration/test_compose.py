@@ -164,6 +164,16 @@ def test_every_hutch_service_waits_for_a_healthy_rabbitmq(config: dict[str, Any]
         assert services[name]["depends_on"]["rabbitmq"]["condition"] == "service_healthy", name
 
 
+def test_rabbitmq_runs_its_image_entrypoint_and_server_under_sched_batch(config: dict[str, Any]) -> None:
+    rabbitmq = config["services"]["rabbitmq"]
+    # An entrypoint set in compose clears the image's command, so both are given: the image's
+    # own docker-entrypoint.sh and rabbitmq-server, under util-linux's chrt (README, "The broker").
+    assert rabbitmq["entrypoint"] == ["chrt", "--batch", "0", "docker-entrypoint.sh"]
+    assert rabbitmq["command"] == ["rabbitmq-server"]
+    for name in HUTCH:  # the services keep HUTCH_SCHED_POLICY's default, batch
+        assert "HUTCH_SCHED_POLICY" not in config["services"][name]["environment"], name
+
+
 def test_the_amqp_url_names_the_rabbitmq_service_with_default_credentials(config: dict[str, Any]) -> None:
     for name in HUTCH:
         url = urlsplit(config["services"][name]["environment"]["HUTCH_AMQP_URL"])

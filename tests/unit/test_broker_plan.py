@@ -20,8 +20,9 @@ def machine(
     has_server: bool = False,
     has_docker_engine: bool = False,
     debian_root: bool = False,
+    has_chrt: bool = False,
 ) -> Machine:
-    return Machine(reachable, local_url, has_server, has_docker_engine, debian_root)
+    return Machine(reachable, local_url, has_server, has_docker_engine, debian_root, has_chrt)
 
 
 def test_a_reachable_broker_is_used_as_it_is_whatever_else_the_machine_has() -> None:
@@ -44,6 +45,18 @@ def test_an_unreachable_remote_broker_is_left_to_the_user_even_when_one_could_st
 def test_an_installed_local_server_is_started_before_docker_or_apt_are_tried() -> None:
     chosen = plan(machine(has_server=True, has_docker_engine=True, debian_root=True), LOCAL)
     assert chosen == Plan("start-local", (("rabbitmq-server", "-detached"),), chosen.message)
+
+
+def test_a_broker_started_here_runs_sched_batch_where_chrt_is_installed() -> None:
+    started = plan(machine(has_server=True, has_chrt=True), LOCAL)
+    assert started.commands == (("chrt", "--batch", "0", "rabbitmq-server", "-detached"),)
+    installed = plan(machine(debian_root=True, has_chrt=True), LOCAL)
+    assert installed.commands[-1] == ("chrt", "--batch", "0", "rabbitmq-server", "-detached")
+    # Docker's broker and one already running are not this command's to change.
+    assert plan(machine(has_docker_engine=True, has_chrt=True), LOCAL).commands == (
+        ("docker", "compose", "up", "-d", "rabbitmq"),
+    )
+    assert plan(machine(reachable=True, has_server=True, has_chrt=True), LOCAL).commands == ()
 
 
 def test_without_a_server_a_running_docker_engine_starts_the_compose_service() -> None:
