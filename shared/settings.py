@@ -66,7 +66,7 @@ class Settings(BaseSettings):
     sched_policy: Literal["batch", "normal"] = Field(
         "batch",
         description="Linux scheduling policy of every service process: `batch` (SCHED_BATCH), a woken "
-        "service waits for the running process's slice instead of preempting it; `normal`: the default one",
+        "service waits for the running process's slice instead of preempting it; `normal`: left as started",
     )
     log_format: Literal["text", "json"] = Field(
         "text", description="`json`: one JSON object a line, with the job, task, domain and trace id of the work"
