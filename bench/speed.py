@@ -28,7 +28,8 @@ Shapes (each run `--runs` times; medians printed):
 
 Printed for each shape: pages/s (URLs finished, stored or dead, over the time from submit
 to the last one finished); the ratio to the sum of the limits; the worst count any domain
-received at the site within one second (a sliding window, robots.txt included); and the CPU
+received at the site within one second (a sliding window, robots.txt included); the TCP
+connections the sites accepted (each record of the access log names its client's port); and the CPU
 seconds per 1,000 pages of every process: each service with every process under it (the
 parser's extraction workers, whose share is printed beside it), the broker's VM, and the
 submitting `hutch submit` process.
@@ -113,6 +114,7 @@ class Run:
     # to its first page request; its page requests per second between its first and last;
     # its last request to the job's last URL finished.
     timeline: dict[str, float] = field(default_factory=dict)
+    connections: int = 0  # TCP connections the sites accepted (robots.txt's included)
 
     @property
     def rate(self) -> float:
@@ -226,6 +228,7 @@ async def run_bare(shape: Shape, box: Sites, work: Path) -> Run:
         worst_second_sandbox=by_sandbox,
         captured=by_kernel is not None,
         cpu={"bare loop": float(result["cpu"])},
+        connections=box.connections(),
     )
 
 
@@ -303,6 +306,7 @@ async def run_hutch(
         workers_cpu=workers_after - workers_before,
         rss=rss,
         timeline=timeline(box, started, seconds),
+        connections=box.connections(),
     )
 
 
@@ -411,6 +415,11 @@ class Sites:
                 taken[key] = n + 1
         return by_sandbox, max((worst_second(times) for times in stamped.values()), default=0)
 
+    def connections(self) -> int:
+        """The connections the sites accepted, from the access log read last: one a client
+        port (a run is too short for the kernel to hand a port out twice)."""
+        return len({(r.port, r.client, r.client_port) for r in self.log if r.kind == "site"})
+
 
 async def run_once(shape: Shape, node_url: str | None, node_pid: int | None, keep: Path) -> Run:
     config = SandboxConfig(host="127.0.0.1", seed=shape.seed, sites=shape.sites)
@@ -454,6 +463,8 @@ def report(shape: Shape, runs: list[Run]) -> dict[str, object]:
               f"{middle('first_request'):.2f} s after submit; "
               f"{steady:.2f} requests/s from its first to its last{of_rate}; "
               f"last URL finished {middle('after_last_request'):.2f} s after its last request")
+    connections = statistics.median(r.connections for r in runs)
+    print(f"    connections the sites accepted: {connections:g} (runs: {', '.join(str(r.connections) for r in runs)})")
     workers_per_k = statistics.median(r.workers_cpu / max(r.finished, 1) * 1000 for r in runs)
 
     def cpu_text(label: str, value: float) -> str:
@@ -481,6 +492,7 @@ def report(shape: Shape, runs: list[Run]) -> dict[str, object]:
         "timeline": {k: statistics.median(r.timeline[k] for r in runs) for k in runs[0].timeline}
         if all(r.timeline for r in runs) else {},
         "limit_ratio": None if limit_sum is None else statistics.median(r.rate / limit_sum for r in runs),
+        "connections": connections,
     }
 
 

@@ -41,6 +41,7 @@ class AccessRecord:
     # Site records: the request's headers, names lower-cased, repeats joined with ", " (the
     # first 64 headers, each value cut at 1,000 characters); None where no head was read.
     headers: dict[str, str] | None = None
+    client_port: int | None = None  # site records: the peer's port, one per connection it opened
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), ensure_ascii=False)

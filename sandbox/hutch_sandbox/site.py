@@ -197,11 +197,12 @@ class SiteServer(Listener):
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = writer.get_extra_info("peername")
         client = str(peer[0]) if peer else "?"
+        client_port = int(peer[1]) if peer else None
         while True:
             try:
                 request = await read_request(reader)
             except BadRequest as exc:
-                self._record(time.time(), "", "", client, exc.status, None)
+                self._record(time.time(), "", "", client, exc.status, None, client_port=client_port)
                 await self._send(writer, _text(exc.status, exc.detail), head=False, keep=False)
                 return
             if request is None:
@@ -213,7 +214,15 @@ class SiteServer(Listener):
             outcome = decision.outcome
             status = outcome if isinstance(outcome, str) else outcome.status
             self._record(
-                arrival, request.method, request.target, client, status, decision.fault, host, _headers(request)
+                arrival,
+                request.method,
+                request.target,
+                client,
+                status,
+                decision.fault,
+                host,
+                _headers(request),
+                client_port=client_port,
             )
             if decision.delay > 0:
                 await asyncio.sleep(decision.delay)
@@ -237,6 +246,8 @@ class SiteServer(Listener):
         fault: str | None,
         host: str | None = None,
         headers: dict[str, str] | None = None,
+        *,
+        client_port: int | None = None,
     ) -> None:
         self._log.add(
             AccessRecord(
@@ -252,6 +263,7 @@ class SiteServer(Listener):
                 fault=fault,
                 host=None if host is None else host[:MAX_HOST_CHARS],
                 headers=headers,
+                client_port=client_port,
             )
         )
 

@@ -104,6 +104,12 @@ async def test_keep_alive_connections_serve_several_requests() -> None:
         assert int(head.headers["content-length"]) > 0
         after = await http.get(sb.sites["books"].page_url(2))
         assert expected_page("books", 2)["title"] in after.text
+        async with client() as other:  # a second client: a connection of its own
+            await other.get(sb.sites["books"].page_url(3))
+        records = [r for r in sb.log if r.kind == "site"]
+        assert len(records) == 8
+        first, second = {r.client_port for r in records[:7]}, {r.client_port for r in records[7:]}
+        assert len(first) == 1 and len(second) == 1 and first != second and None not in first
 
 
 # -- trouble paths ----------------------------------------------------------------------------
