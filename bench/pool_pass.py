@@ -126,7 +126,7 @@ async def stream(workers_list: list[int], requests: int) -> None:
             port = await server.start()
             client = fetch.make_client(
                 proxy=None, guard=TargetGuard(allow_private=True), user_agent="bench",
-                connect_timeout=5, read_timeout=5, max_connections=max(workers, 10),
+                connect_timeout=5, read_timeout=5, concurrency=max(workers, 10),
             )
             if not linear:  # the same pool's settings, on httpcore's class
                 client._transport._pool.__class__ = httpcore.AsyncConnectionPool

@@ -162,7 +162,7 @@ class Fetcher(Service):
                 user_agent=s.user_agent,
                 connect_timeout=s.connect_timeout,
                 read_timeout=s.read_timeout,
-                max_connections=max(s.concurrency, 10),
+                concurrency=max(s.concurrency, 10),
                 ca_file=str(s.ca_file) if s.ca_file else None,
             )
         return client

@@ -129,6 +129,9 @@ class _NoCookies(http.cookiejar.DefaultCookiePolicy):
         return False
 
 
+SPARE_CONNECTIONS = 20  # the connections a client's pool keeps beyond its requests in flight
+
+
 def make_client(
     *,
     proxy: str | None,
@@ -136,10 +139,16 @@ def make_client(
     user_agent: str,
     connect_timeout: float,
     read_timeout: float,
-    max_connections: int = 100,
+    concurrency: int = 100,
     ca_file: str | None = None,
 ) -> httpx.AsyncClient:
-    limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=20)
+    # A connection for every request in flight and SPARE_CONNECTIONS more, any of them
+    # allowed to stay idle until its keep-alive time is up: the sites sharing a fetcher take
+    # its slots in turns, and a pool of just the slots closed one site's idle connections to
+    # open another's (a small-page run of 4 sites opened at least 460 connections for 4,000
+    # pages; docs/benchmarks.md, twenty-third round).
+    size = concurrency + SPARE_CONNECTIONS
+    limits = httpx.Limits(max_connections=size, max_keepalive_connections=size)
     context = tls_context(ca_file)
     transport = httpx.AsyncHTTPTransport(proxy=proxy, limits=limits, trust_env=False, verify=context)
     if proxy is None:

@@ -10,9 +10,10 @@ closes expired and surplus idle ones, and gives queued requests a connection. In
   fetcher's 16 connections a pass cost 67-72 µs against 26-27 here; with 64, 709-773 µs
   against 103-107.
 - Its surplus rule compares the pool's size, not its idle connections, with the keep-alive
-  limit (20). With more than 20 connections (`HUTCH_CONCURRENCY` above 20) a connection that
-  goes idle is closed while the pool is past 20, and the next request to its site pays a new
-  connection: 40 workers, 3 requests each, made 82 connections instead of 40.
+  limit. With a limit of 20 (the fetcher's until it let every connection of the pool stay
+  idle) and more than 20 connections, a connection that goes idle is closed while the pool
+  is past 20, and the next request to its site pays a new connection: 40 workers, 3
+  requests each, made 82 connections instead of 40.
 - It gives an idle connection to every queued request that asks, in one pass and in the
   passes after, until the first of them starts on it; the others fail to start and go round
   again, each time with another pass.

@@ -114,7 +114,7 @@ def test_forty_workers_keep_forty_connections_past_the_keepalive_limit_of_twenty
                 user_agent="test",
                 connect_timeout=5,
                 read_timeout=10,
-                max_connections=40,
+                concurrency=40,
             )
 
             async def worker() -> None:
@@ -129,6 +129,32 @@ def test_forty_workers_keep_forty_connections_past_the_keepalive_limit_of_twenty
     site = asyncio.run(scenario())
     assert site.full_waves == 3
     assert site.accepted == 40
+
+
+def test_sites_that_take_turns_at_every_slot_keep_their_connections() -> None:
+    """Sixteen fetches in flight go to one site, then all sixteen to another, and back, twice.
+    A pool sized to the fetches alone closes one site's idle connections to open the other's
+    at every turn (32 connections each here); the fetcher's pool keeps both sites' sixteen."""
+
+    async def scenario() -> tuple[Site, Site]:
+        async with Site(hold=16) as a, Site(hold=16) as b:
+            client = make_client(
+                proxy=None,
+                guard=TargetGuard(allow_private=True),
+                user_agent="test",
+                connect_timeout=5,
+                read_timeout=10,
+                concurrency=16,
+            )
+            for site in (a, b, a, b):
+                answers = await asyncio.gather(*(client.get(site.url) for _ in range(16)))
+                assert [r.status_code for r in answers] == [200] * 16
+            await client.aclose()
+        return a, b
+
+    a, b = asyncio.run(scenario())
+    assert (a.full_waves, b.full_waves) == (2, 2)  # every turn had its 16 in flight at once
+    assert (a.accepted, b.accepted) == (16, 16)
 
 
 def test_an_idle_connection_the_server_closed_is_not_used_again() -> None:
