@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 
 import httpcore
+import httpx
 import pytest
 
 from hutch.services.fetcher import guard, keepalive
@@ -96,6 +97,18 @@ def pool(max_connections: int, max_keepalive: int | None = None) -> ConnectionPo
     )
 
 
+def fetcher_client(concurrency: int) -> httpx.AsyncClient:
+    """A client built as the fetcher builds it, for `concurrency` fetches in flight."""
+    return make_client(
+        proxy=None,
+        guard=TargetGuard(allow_private=True),
+        user_agent="test",
+        connect_timeout=5,
+        read_timeout=10,
+        concurrency=concurrency,
+    )
+
+
 async def get(target: httpcore.AsyncConnectionPool, url: str) -> None:
     response = await target.request("GET", url)
     assert response.status == 200 and response.content == BODY
@@ -108,14 +121,7 @@ def test_forty_workers_keep_forty_connections_past_the_keepalive_limit_of_twenty
 
     async def scenario() -> Site:
         async with Site(hold=40) as site:
-            client = make_client(
-                proxy=None,
-                guard=TargetGuard(allow_private=True),
-                user_agent="test",
-                connect_timeout=5,
-                read_timeout=10,
-                concurrency=40,
-            )
+            client = fetcher_client(concurrency=40)
 
             async def worker() -> None:
                 for _ in range(3):
@@ -138,14 +144,7 @@ def test_sites_that_take_turns_at_every_slot_keep_their_connections() -> None:
 
     async def scenario() -> tuple[Site, Site]:
         async with Site(hold=16) as a, Site(hold=16) as b:
-            client = make_client(
-                proxy=None,
-                guard=TargetGuard(allow_private=True),
-                user_agent="test",
-                connect_timeout=5,
-                read_timeout=10,
-                concurrency=16,
-            )
+            client = fetcher_client(concurrency=16)
             for site in (a, b, a, b):
                 answers = await asyncio.gather(*(client.get(site.url) for _ in range(16)))
                 assert [r.status_code for r in answers] == [200] * 16
