@@ -12,7 +12,7 @@ closes nothing here: the keep-alive limit is set to the pool's size.
 
 With `--stream`, each of `--workers` tasks sends requests one after the other to one
 server, `--requests` in all, through a client built as the fetcher builds its own
-(`make_client`, the keep-alive limit 20), once on each pool: printed are the connections the
+(`make_client`: every connection of the pool may stay idle), once on each pool: printed are the connections the
 server accepted, the CPU seconds of this process (the server's included) and the requests a
 second. On httpcore's pool, requests that are given the same idle connection go round again.
 """
